@@ -1,0 +1,13 @@
+"""`make bench`: every benchmark, results as JSON (and plots) in benchmarks/results/."""
+
+from benchmarks import bench_audio_core, bench_prepare
+
+
+def main() -> None:
+    for bench in (bench_audio_core, bench_prepare):
+        print(f"== {bench.__name__}", flush=True)
+        bench.main()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""``duplex``: serve, prepare. Exit status 2 for bad configuration or missing models."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from duplex import __version__
+from duplex.config import FIELDS, Config, ConfigError, load_config
+from duplex.logs import setup_logging
+from models.bundled import ModelNotFoundError
+from models.cache import configure_engine_caches, default_cache_dir
+
+log = logging.getLogger("duplex")
+
+MODEL_KEYS = ("cache_dir", "vad", "asr", "voice", "llm", "llm_dtype", "log_level", "log_format")
+
+
+def _add_config_flags(parser: argparse.ArgumentParser, keys: Sequence[str]) -> None:
+    parser.add_argument("--config", type=Path, metavar="FILE", help="TOML configuration file")
+    for key in keys:
+        f = FIELDS[key]
+        choices = f.metadata["choices"] or None
+        parser.add_argument(
+            f"--{key.replace('_', '-')}",
+            dest=key,
+            default=None,
+            metavar=None if choices else key.upper(),
+            choices=choices,
+            help=f"{f.metadata['help']} [default: {f.default}]",
+        )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="duplex", description="Realtime full-duplex speech service.")
+    parser.add_argument("--version", action="version", version=f"duplex {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the service (prepares models when needed)")
+    _add_config_flags(serve, list(FIELDS))
+    prepare = sub.add_parser("prepare", help="locate bundled models, convert the LLM once, print where")
+    _add_config_flags(prepare, MODEL_KEYS)
+    prepare.add_argument("--json", action="store_true", help="print the prepared models as JSON")
+    prepare.add_argument("--no-progress", action="store_true", help="no progress bar")
+    prepare.add_argument("--verify", action="store_true", help="also load the LLM in vLLM and chat once")
+    return parser
+
+
+def _flags(args: argparse.Namespace) -> dict[str, Any]:
+    return {k: v for k, v in vars(args).items() if k in FIELDS and v is not None}
+
+
+def _fail(message: str) -> int:
+    print(f"duplex: error: {message}", file=sys.stderr)
+    return 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        config = load_config(args.config, os.environ, _flags(args))
+    except ConfigError as e:
+        return _fail(f"configuration: {e}")
+    setup_logging(config.log_level, config.log_format, [config.auth_token or ""])
+    cache_dir = Path(config.cache_dir).expanduser() if config.cache_dir else default_cache_dir()
+    try:
+        if args.command == "serve":
+            return _serve(config, cache_dir)
+        return _prepare(config, cache_dir, args)
+    except ModelNotFoundError as e:
+        return _fail(str(e))
+
+
+def _serve(config: Config, cache_dir: Path) -> int:
+    from duplex.service import serve
+
+    log.info("starting duplex %s", __version__, extra={"fields": {"config": config.redacted()}})
+    return asyncio.run(serve(config, cache_dir))
+
+
+def _prepare(config: Config, cache_dir: Path, args: argparse.Namespace) -> int:
+    from duplex.service import model_choices
+    from models.prepare import prepare
+
+    # Terminated (e.g. by `duplex serve` shutting down): unwind, so that a conversion
+    # in progress removes its staging directory.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    configure_engine_caches(cache_dir)
+    prepared = prepare(model_choices(config), cache_dir, progress=not (args.no_progress or args.json))
+    if args.json:
+        print(json.dumps([dataclasses.asdict(p) for p in prepared]))
+    else:
+        print(f"Models prepared (cache: {cache_dir}):")
+        for p in prepared:
+            print(f"  {p.describe()}")
+    if args.verify:
+        from models.verify import verify_llm
+
+        llm = next(p for p in prepared if p.stage == "llm")
+        result = verify_llm(llm.path, config.llm_dtype)
+        print(
+            f"LLM check ({result.dtype}, loaded in {result.start_seconds:.1f} s, "
+            f"replied in {result.reply_seconds:.1f} s): {result.reply!r}"
+        )
+        if not result.reply.strip():
+            return _fail(f"the LLM at {llm.path} gave an empty reply")
+    return 0

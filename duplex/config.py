@@ -1,0 +1,152 @@
+"""Service configuration: defaults < TOML file < ``DUPLEX_*`` environment < CLI flags.
+
+Every key is declared once, in `Config`; its type, default and help text drive the
+TOML reader, the environment reader and the CLI flags alike. Unknown keys and
+invalid values raise `ConfigError`, which names the key and where it came from.
+The TOML file is flat (``port = 8000``, ``llm = "/models/my-llm"``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ENV_PREFIX = "DUPLEX_"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("text", "json")
+LLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+class ConfigError(Exception):
+    def __init__(self, key: str, message: str, origin: str = "") -> None:
+        self.key = key
+        self.origin = origin
+        where = f" (from {origin})" if origin else ""
+        super().__init__(f"{key}{where}: {message}")
+
+
+def _opt(default: Any, help: str, secret: bool = False, choices: tuple[str, ...] = ()) -> Any:
+    return field(default=default, metadata={"help": help, "secret": secret, "choices": choices})
+
+
+@dataclass(frozen=True)
+class Config:
+    host: str = _opt("127.0.0.1", "address the HTTP and gRPC listeners bind")
+    port: int = _opt(8000, "HTTP port (demo page, WebRTC, telephony, realtime WS, /healthz, /metrics)")
+    grpc_port: int = _opt(50051, "gRPC port (Duplex service, health, reflection)")
+    log_level: str = _opt("info", "log level", choices=LOG_LEVELS)
+    log_format: str = _opt("text", "log format: text for people, json for log pipelines", choices=LOG_FORMATS)
+    cache_dir: str | None = _opt(None, "where converted models and engine caches live (default: XDG cache)")
+    vad: str | None = _opt(None, "Silero VAD .onnx/.jit file (default: bundled)")
+    asr: str | None = _opt(None, "CTranslate2 Whisper directory or hub id (default: bundled tiny.en)")
+    voice: str | None = _opt(None, "piper voice .onnx file, .onnx.json beside it (default: bundled joe)")
+    llm: str | None = _opt(None, "LLM: Hugging Face directory, .gguf file, or hub id (default: SmolLM2-135M)")
+    llm_dtype: str = _opt(
+        "auto", "LLM weights dtype in vLLM (auto: float32 on CPU, bfloat16 on GPU)", choices=LLM_DTYPES
+    )
+    auth_token: str | None = _opt(
+        None, "if set, clients must present this token (Bearer or ?token=)", secret=True
+    )
+    max_message_bytes: int = _opt(1 << 20, "largest accepted HTTP body or gRPC message")
+    shutdown_timeout_s: float = _opt(4.0, "seconds to drain on SIGINT/SIGTERM before closing")
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    def redacted(self) -> dict[str, Any]:
+        """The config as a dict with secrets masked, for logs."""
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = "***" if f.metadata["secret"] and value else value
+        return out
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+
+
+def _field_type(name: str) -> type:
+    annotation = str(FIELDS[name].type)
+    for t in (int, float, str):
+        if annotation.startswith(t.__name__):
+            return t
+    raise AssertionError(f"config field {name} has an unsupported type {annotation}")
+
+
+def coerce(key: str, value: Any, origin: str) -> Any:
+    """Check or convert one value; strings (env, flags) are parsed, TOML values checked."""
+    if key not in FIELDS:
+        raise ConfigError(key, f"unknown configuration key (known: {', '.join(FIELDS)})", origin)
+    t = _field_type(key)
+    if isinstance(value, str) and t is not str:
+        try:
+            return t(value)
+        except ValueError:
+            raise ConfigError(key, f"expected {t.__name__}, got {value!r}", origin) from None
+    if t is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, t) or isinstance(value, bool):
+        raise ConfigError(key, f"expected {t.__name__}, got {type(value).__name__} {value!r}", origin)
+    return value
+
+
+def _validate(config: Config) -> None:
+    for name, f in FIELDS.items():
+        choices = f.metadata["choices"]
+        value = getattr(config, name)
+        if choices and value not in choices:
+            raise ConfigError(name, f"{value!r} is not one of {', '.join(choices)}")
+    for name in ("port", "grpc_port"):
+        port = getattr(config, name)
+        if not 0 <= port <= 65535:
+            raise ConfigError(name, f"port {port} is outside 0-65535")
+    if config.host != "localhost":
+        try:
+            ipaddress.ip_address(config.host)
+        except ValueError:
+            raise ConfigError("host", f"{config.host!r} is not an IP address or localhost") from None
+    if config.max_message_bytes < 1024:
+        raise ConfigError("max_message_bytes", "must be at least 1024")
+    if config.shutdown_timeout_s <= 0:
+        raise ConfigError("shutdown_timeout_s", "must be positive")
+    if config.auth_token is not None and len(config.auth_token) < 8:
+        raise ConfigError("auth_token", "must be at least 8 characters")
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    origin = str(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError("config", "no such file", origin) from None
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise ConfigError("config", f"unreadable TOML: {e}", origin) from None
+    return {key: coerce(key, value, origin) for key, value in data.items()}
+
+
+def read_env(environ: Mapping[str, str]) -> dict[str, Any]:
+    values = {}
+    for var, value in environ.items():
+        if var.startswith(ENV_PREFIX) and var != ENV_PREFIX + "CONFIG":
+            key = var[len(ENV_PREFIX) :].lower()
+            if key not in FIELDS:
+                raise ConfigError(var, "unknown configuration variable", "environment")
+            values[key] = coerce(key, value, f"environment {var}")
+    return values
+
+
+def load_config(config_file: Path | None, environ: Mapping[str, str], flags: Mapping[str, Any]) -> Config:
+    """Merge the layers; ``flags`` holds only the options given on the command line."""
+    merged: dict[str, Any] = {}
+    if config_file is None and environ.get(ENV_PREFIX + "CONFIG"):
+        config_file = Path(environ[ENV_PREFIX + "CONFIG"])
+    if config_file is not None:
+        merged.update(read_toml(config_file))
+    merged.update(read_env(environ))
+    merged.update({k: coerce(k, v, f"--{k.replace('_', '-')}") for k, v in flags.items()})
+    return Config(**merged)

@@ -1,0 +1,71 @@
+"""The gRPC listener: standard health and reflection (services attach here)."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from duplex.config import Config
+
+PUBLIC_METHODS = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+
+
+class _TokenInterceptor(grpc.aio.ServerInterceptor):
+    """Rejects calls without ``authorization: Bearer <token>`` metadata."""
+
+    def __init__(self, token: str) -> None:
+        self._expected = f"Bearer {token}".encode()
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> Any:
+        method = handler_call_details.method or ""
+        metadata = dict(handler_call_details.invocation_metadata or ())
+        given = str(metadata.get("authorization", "")).encode()
+        if method.startswith(PUBLIC_METHODS) or hmac.compare_digest(given, self._expected):
+            return await continuation(handler_call_details)
+
+        async def deny(request: Any, context: grpc.aio.ServicerContext) -> None:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong token")
+
+        return grpc.unary_unary_rpc_method_handler(deny)
+
+
+class GrpcListener:
+    """The grpc.aio server and its health servicer, which follows `Readiness`."""
+
+    def __init__(self, config: Config) -> None:
+        interceptors = [_TokenInterceptor(config.auth_token)] if config.auth_token else []
+        self.server = grpc.aio.server(
+            interceptors=interceptors,
+            options=[
+                ("grpc.max_receive_message_length", config.max_message_bytes),
+                ("grpc.max_send_message_length", config.max_message_bytes),
+            ],
+        )
+        self.health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        services = (health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
+        reflection.enable_server_reflection(services, self.server)
+        self.port = self.server.add_insecure_port(f"{config.host}:{config.grpc_port}")
+
+    async def start(self) -> None:
+        await self.set_serving(False)
+        await self.server.start()
+
+    async def set_serving(self, ready: bool) -> None:
+        status = (
+            health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        await self.health.set("", status)
+
+    async def stop(self, grace: float) -> None:
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)

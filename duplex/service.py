@@ -1,0 +1,165 @@
+"""`Service`: the listeners, model preparation and the shutdown path of `duplex serve`.
+
+Start-up order: the configured model paths are checked synchronously (a bad path
+fails before any port opens), then the HTTP and gRPC listeners start and answer
+``/healthz`` with 503, then models are prepared in a child process (a GGUF LLM is
+converted there once; the server process never imports transformers), and each
+component turns ready. SIGINT/SIGTERM set the stop event; `stop` then ends the
+preparation child and both listeners within ``shutdown_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from aiohttp import web
+
+from duplex.config import Config
+from duplex.grpc_app import GrpcListener
+from duplex.health import ComponentState, Readiness
+from duplex.http_app import build_http_app
+from models.prepare import STAGES, ModelChoice, check_models
+
+log = logging.getLogger("duplex.service")
+
+# Readiness components, by the stage whose model each one needs.
+COMPONENTS = {"vad": "vad", "asr": "asr", "voice": "tts", "llm": "llm"}
+
+
+def model_choices(config: Config) -> list[ModelChoice]:
+    return [ModelChoice(stage, getattr(config, stage)) for stage in STAGES]
+
+
+class PrepareFailed(Exception):
+    pass
+
+
+class Service:
+    def __init__(self, config: Config, cache_dir: Path) -> None:
+        self.config = config
+        self.cache_dir = cache_dir
+        self.readiness = Readiness(list(COMPONENTS.values()))
+        self.stopped = asyncio.Event()
+        self.exit_code = 0
+        self._runner: web.AppRunner | None = None
+        self._grpc: GrpcListener | None = None
+        self._prepare_task: asyncio.Task[None] | None = None
+        self._child: asyncio.subprocess.Process | None = None
+
+    async def start(self) -> None:
+        check_models(model_choices(self.config))  # fail fast, before binding
+        self._runner = web.AppRunner(
+            build_http_app(self.config, self.readiness),
+            shutdown_timeout=self.config.shutdown_timeout_s / 2,
+            handle_signals=False,
+        )
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.config.host, self.config.port)
+        await site.start()
+        self._grpc = GrpcListener(self.config)
+        await self._grpc.start()
+        grpc_listener = self._grpc
+
+        def on_ready_change(ready: bool) -> None:
+            task = asyncio.get_running_loop().create_task(grpc_listener.set_serving(ready))
+            task.add_done_callback(_log_task_error)
+
+        self.readiness.on_change(on_ready_change)
+        log.info(
+            "listening",
+            extra={
+                "fields": {
+                    "http": f"http://{self.config.host}:{self.config.port}",
+                    "grpc": f"{self.config.host}:{self._grpc.port}",
+                }
+            },
+        )
+        self._prepare_task = asyncio.create_task(self._prepare(), name="prepare-models")
+
+    async def _prepare(self) -> None:
+        args = [
+            sys.executable,
+            "-m",
+            "duplex",
+            "prepare",
+            "--json",
+            "--no-progress",
+            "--cache-dir",
+            str(self.cache_dir),
+        ]
+        for choice in model_choices(self.config):
+            if choice.value is not None:
+                args += [f"--{choice.stage}", choice.value]
+        log.info("preparing models (a GGUF LLM is converted once, ~30 s)")
+        self._child = await asyncio.create_subprocess_exec(
+            *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+        stdout, stderr = await self._child.communicate()
+        code = self._child.returncode
+        self._child = None
+        if code != 0:
+            message = stderr.decode(errors="replace").strip().splitlines()[-1:] or [f"exit status {code}"]
+            for component in COMPONENTS.values():
+                self.readiness.set(component, ComponentState.FAILED, message[0])
+            log.error("model preparation failed: %s", message[0])
+            self.exit_code = 1
+            self.stopped.set()
+            return
+        for item in json.loads(stdout):
+            component = COMPONENTS[item["stage"]]
+            self.readiness.set(component, ComponentState.READY, item["path"])
+            log.info("model ready", extra={"fields": item})
+
+    async def stop(self) -> None:
+        """Stop everything within ``shutdown_timeout_s``; safe to call twice."""
+        timeout = self.config.shutdown_timeout_s
+        if self._prepare_task is not None and not self._prepare_task.done():
+            self._prepare_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._prepare_task
+        await self._end_child(timeout / 4)
+        if self._grpc is not None:
+            grpc_listener, self._grpc = self._grpc, None
+            await grpc_listener.stop(grace=timeout / 4)
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()
+
+    async def _end_child(self, grace: float) -> None:
+        child, self._child = self._child, None
+        if child is None or child.returncode is not None:
+            return
+        child.terminate()
+        try:
+            await asyncio.wait_for(child.wait(), grace)
+        except TimeoutError:
+            child.kill()
+            await child.wait()
+
+
+def _log_task_error(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("background task failed", exc_info=task.exception())
+
+
+async def serve(config: Config, cache_dir: Path) -> int:
+    service = Service(config, cache_dir)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, service.stopped.set)
+    try:
+        await service.start()
+        await service.stopped.wait()
+        log.info("shutting down")
+    finally:
+        await asyncio.wait_for(service.stop(), config.shutdown_timeout_s + 0.5)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+    log.info("stopped")
+    return service.exit_code

@@ -1,0 +1,1 @@
+"""Model stages and their engines, and model preparation (bundled weights, conversion)."""

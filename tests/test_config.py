@@ -1,0 +1,116 @@
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from duplex.config import Config, ConfigError, load_config
+from tests.conftest import duplex_command
+
+
+def test_defaults_bind_loopback():
+    config = load_config(None, {}, {})
+    assert (config.host, config.port, config.grpc_port) == ("127.0.0.1", 8000, 50051)
+
+
+def test_layers_flags_beat_env_beat_file(tmp_path: Path):
+    toml = tmp_path / "duplex.toml"
+    toml.write_text('port = 9000\ngrpc_port = 9001\nlog_level = "debug"\n')
+    config = load_config(toml, {"DUPLEX_PORT": "9100", "DUPLEX_LOG_FORMAT": "json"}, {"port": "9200"})
+    assert config.port == 9200  # flag
+    assert config.log_format == "json"  # env
+    assert (config.grpc_port, config.log_level) == (9001, "debug")  # file
+
+
+def test_config_file_from_the_environment(tmp_path: Path):
+    toml = tmp_path / "c.toml"
+    toml.write_text("shutdown_timeout_s = 3\n")
+    assert load_config(None, {"DUPLEX_CONFIG": str(toml)}, {}).shutdown_timeout_s == 3.0
+
+
+@pytest.mark.parametrize(
+    ("toml", "env", "flags", "key"),
+    [
+        ("prot = 1\n", {}, {}, "prot"),  # unknown key in the file
+        ('port = "eighty"\n', {}, {}, "port"),  # wrong type in the file
+        ("port = 70000\n", {}, {}, "port"),  # out of range
+        ("port = true\n", {}, {}, "port"),  # bool is not an int
+        ("", {"DUPLEX_GRPC_PORT": "x"}, {}, "grpc_port"),
+        ("", {"DUPLEX_NOPE": "1"}, {}, "DUPLEX_NOPE"),
+        ("", {}, {"log_level": "loud"}, "log_level"),
+        ("", {}, {"host": "example.com"}, "host"),
+        ("", {}, {"auth_token": "short"}, "auth_token"),
+        ("[server]\nport = 1\n", {}, {}, "server"),  # tables are not keys
+    ],
+)
+def test_bad_values_name_the_key(tmp_path: Path, toml, env, flags, key):
+    path = tmp_path / "c.toml"
+    path.write_text(toml)
+    with pytest.raises(ConfigError) as info:
+        load_config(path, env, flags)
+    assert info.value.key == key
+    assert str(info.value).startswith(key)
+
+
+def test_unreadable_toml_is_a_config_error(tmp_path: Path):
+    path = tmp_path / "c.toml"
+    path.write_text("port = = 1")
+    with pytest.raises(ConfigError, match="unreadable TOML"):
+        load_config(path, {}, {})
+    with pytest.raises(ConfigError, match="no such file"):
+        load_config(tmp_path / "missing.toml", {}, {})
+
+
+def test_secrets_are_masked_in_the_logged_config():
+    config = Config(auth_token="s3cret-token-value")
+    assert config.redacted()["auth_token"] == "***"
+    assert "s3cret" not in repr(config.redacted())
+
+
+def run_duplex(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(duplex_command(*args), env=env, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["serve", "--port", "http"], "--port"),  # argparse: not an int
+        (["serve", "--log-level", "loud"], "--log-level"),
+        (["serve", "--grpc-port", "99999"], "grpc_port"),
+    ],
+)
+def test_cli_bad_flag_exits_2_naming_it(offline_env, args, needle):
+    result = run_duplex(args, offline_env)
+    assert result.returncode == 2
+    assert needle in result.stderr
+
+
+def test_cli_unknown_toml_key_exits_2_naming_it(tmp_path: Path, offline_env):
+    toml = tmp_path / "duplex.toml"
+    toml.write_text('hots = "127.0.0.1"\n')
+    result = run_duplex(["serve", "--config", str(toml)], offline_env)
+    assert result.returncode == 2
+    assert "hots" in result.stderr and str(toml) in result.stderr
+
+
+def test_cli_unknown_env_var_exits_2_naming_it(offline_env):
+    result = run_duplex(["serve"], offline_env | {"DUPLEX_PROT": "1"})
+    assert result.returncode == 2
+    assert "DUPLEX_PROT" in result.stderr
+
+
+@pytest.mark.parametrize("stage", ["vad", "asr", "voice", "llm"])
+def test_cli_missing_model_path_names_model_and_path(tmp_path: Path, offline_env, stage):
+    missing = tmp_path / f"no-such-{stage}"
+    for command in ("serve", "prepare"):
+        result = run_duplex([command, f"--{stage}", str(missing)], offline_env)
+        assert result.returncode == 2, result.stderr
+        assert f"{stage} model not found" in result.stderr
+        assert str(missing) in result.stderr
+
+
+def test_cli_wrong_kind_of_model_file_is_explained(tmp_path: Path, offline_env):
+    voice = tmp_path / "voice.onnx"
+    voice.write_bytes(b"\x00")
+    result = run_duplex(["prepare", "--voice", str(voice)], offline_env)
+    assert result.returncode == 2
+    assert "voice.onnx.json" in result.stderr and ".onnx.json config is missing" in result.stderr

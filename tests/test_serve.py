@@ -1,0 +1,144 @@
+"""`duplex serve` as a user runs it: a real process, real listeners, real signals."""
+
+import json
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import grpc
+import psutil
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from tests.conftest import duplex_command, free_port
+
+pytestmark = pytest.mark.slow
+
+
+def get_health(port: int) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def grpc_health(port: int) -> int:
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        return stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2).status
+
+
+class Server:
+    def __init__(self, env: dict[str, str], *args: str) -> None:
+        self.port, self.grpc_port = free_port(), free_port()
+        self.proc = subprocess.Popen(
+            duplex_command("serve", "--port", str(self.port), "--grpc-port", str(self.grpc_port), *args),
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.descendants: set[int] = set()
+
+    def note_descendants(self) -> None:
+        try:
+            self.descendants |= {p.pid for p in psutil.Process(self.proc.pid).children(recursive=True)}
+        except psutil.NoSuchProcess:
+            pass
+
+    def wait_listening(self, timeout: float = 60) -> tuple[int, dict]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.output()
+            self.note_descendants()
+            try:
+                return get_health(self.port)
+            except (ConnectionError, urllib.error.URLError):
+                time.sleep(0.2)
+        raise AssertionError("server did not listen in time")
+
+    def terminate(self) -> float:
+        self.note_descendants()
+        started = time.monotonic()
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=15)
+        return time.monotonic() - started
+
+    def output(self) -> str:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        return self.proc.communicate()[0]
+
+
+def alive(pids: set[int]) -> set[int]:
+    return {pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"}
+
+
+def test_serve_becomes_ready_and_stops_cleanly_on_sigterm(offline_env):
+    server = Server(offline_env)
+    try:
+        status, body = server.wait_listening()
+        deadline = time.monotonic() + 300
+        while status != 200 and time.monotonic() < deadline:
+            assert body["status"] == "starting", body
+            server.note_descendants()
+            time.sleep(0.5)
+            status, body = get_health(server.port)
+        assert status == 200, body
+        assert set(body["components"]) == {"vad", "asr", "tts", "llm"}
+        assert all(c["state"] == "ready" for c in body["components"].values())
+        assert body["components"]["llm"]["detail"].endswith("SmolLM2-135M-Instruct.Q4_1-bf16")
+        assert grpc_health(server.grpc_port) == health_pb2.HealthCheckResponse.SERVING
+        seconds = server.terminate()
+    finally:
+        output = server.output()
+    assert server.proc.returncode == 0, output
+    assert seconds < 5.0
+    assert not alive(server.descendants), output
+    assert "listening" in output and "stopped" in output
+
+
+def test_sigterm_during_model_preparation_stops_within_5s_leaving_no_child(tmp_path: Path, offline_env):
+    # A fresh cache: the LLM conversion (~25 s, in a child process) is under way.
+    server = Server(offline_env, "--cache-dir", str(tmp_path / "cache"))
+    try:
+        status, body = server.wait_listening()
+        assert status == 503 and body["status"] == "starting"
+        assert grpc_health(server.grpc_port) == health_pb2.HealthCheckResponse.NOT_SERVING
+        deadline = time.monotonic() + 20
+        while not server.descendants and time.monotonic() < deadline:
+            server.note_descendants()
+            time.sleep(0.1)
+        assert server.descendants, "model preparation should run in a child process"
+        time.sleep(2)  # let it get into the conversion
+        seconds = server.terminate()
+    finally:
+        output = server.output()
+    assert server.proc.returncode == 0, output
+    assert seconds < 5.0
+    assert not alive(server.descendants), output
+
+
+def test_json_logs_hide_the_auth_token(offline_env):
+    token = "very-secret-token-42"
+    server = Server(offline_env | {"DUPLEX_AUTH_TOKEN": token}, "--log-format", "json")
+    try:
+        server.wait_listening()
+        req = urllib.request.Request(f"http://127.0.0.1:{server.port}/metrics")
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(req, timeout=2)
+        assert info.value.code == 401
+        req.add_header("Authorization", f"Bearer {token}")
+        with urllib.request.urlopen(req, timeout=2) as r:
+            assert r.status == 200
+        server.terminate()
+    finally:
+        output = server.output()
+    assert token not in output
+    records = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+    assert any(r["msg"] == "listening" for r in records)
+    assert any(r.get("config", {}).get("auth_token") == "***" for r in records)
