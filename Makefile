@@ -16,12 +16,24 @@ KEY := $(shell cat pyproject.toml Makefile | sha256sum | cut -c1-12)-$(EXTRA)
 STAMP_SERVE := $(VENV)/.stamp-serve-$(KEY)
 STAMP_TEST := $(VENV)/.stamp-test-$(KEY)
 
-# Debian packages. serve needs none beyond the base image today; the end-to-end
-# tests' real clients are added here as the issues that use them land.
+# Debian packages. serve needs none beyond the base image today. Tests: espeak-ng and
+# sox (speech through our resampler against sox's); the end-to-end tests' real
+# clients are added here as the issues that use them land.
 DEB_SERVE :=
 DEB_TEST := sox espeak-ng
 
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+# $(call apt_install,PACKAGES): install the ones not installed yet, nothing otherwise.
+define apt_install
+	@missing=""; for p in $(1); do dpkg -s "$$p" >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "Installing Debian packages:$$missing"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; \
+	fi
+endef
 
 .PHONY: serve test bench lint typecheck pytest setup setup-test prepare clean-venv
 
@@ -41,9 +53,7 @@ $(PY):
 	$(PIP) install --upgrade pip
 
 $(STAMP_SERVE): | $(PY)
-	@scripts_deb() { missing=""; for p in $$@; do dpkg -s "$$p" >/dev/null 2>&1 || missing="$$missing $$p"; done; \
-	  if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi; }; \
-	  scripts_deb $(DEB_SERVE)
+	$(call apt_install,$(DEB_SERVE))
 ifeq ($(EXTRA),cpu)
 	# CPU: the torch 2.13.0 CPU build first, so that nothing pulls a CUDA build.
 	$(PIP) install torch==$(TORCH_VERSION)
@@ -55,13 +65,12 @@ ifeq ($(EXTRA),cpu)
 	# ("operator torchvision::nms does not exist"); speech serving needs none of them.
 	$(PIP) uninstall -y -q torchvision torchaudio torchcodec || true
 endif
-	$(PY) -c "from vllm import LLM" 2>/dev/null || { echo "vLLM does not import" >&2; exit 1; }
+	$(PY) -c "from vllm import LLM"  # fails loudly if the install is broken
 	rm -f $(VENV)/.stamp-serve-*
 	touch $@
 
 $(STAMP_TEST): $(STAMP_SERVE)
-	@missing=""; for p in $(DEB_TEST); do dpkg -s "$$p" >/dev/null 2>&1 || missing="$$missing $$p"; done; \
-	  if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi
+	$(call apt_install,$(DEB_TEST))
 	$(PIP) install -e '.[test]'
 	rm -f $(VENV)/.stamp-test-*
 	touch $@

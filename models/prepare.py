@@ -111,7 +111,12 @@ def prepare(choices: list[ModelChoice], cache_dir: Path, progress: bool = True) 
                 prepared.append(PreparedModel("llm", str(out), source, "reused"))
             else:
                 remove_stale_partials(out)
-                seconds = convert_gguf(location, out, fingerprint, progress=progress)
+                try:
+                    seconds = convert_gguf(location, out, fingerprint, progress=progress)
+                except (OSError, ValueError, KeyError, RuntimeError) as e:
+                    # transformers and gguf raise these for files that are not a
+                    # GGUF model they can read; say which file, not a traceback.
+                    raise ModelNotFoundError("llm", location, f"cannot convert this GGUF: {e}") from e
                 prepared.append(PreparedModel("llm", str(out), source, "converted", seconds))
             continue
         prepared.append(PreparedModel(choice.stage, str(location), source, "found"))

@@ -114,3 +114,15 @@ def test_cli_wrong_kind_of_model_file_is_explained(tmp_path: Path, offline_env):
     result = run_duplex(["prepare", "--voice", str(voice)], offline_env)
     assert result.returncode == 2
     assert "voice.onnx.json" in result.stderr and ".onnx.json config is missing" in result.stderr
+
+
+def test_cli_corrupt_gguf_is_refused_with_the_path(tmp_path: Path, offline_env):
+    gguf = tmp_path / "broken.gguf"
+    gguf.write_bytes(b"GGUF" + b"\x00" * 64)
+    result = run_duplex(
+        ["prepare", "--no-progress", "--llm", str(gguf), "--cache-dir", str(tmp_path / "c")], offline_env
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "cannot convert this GGUF" in result.stderr and str(gguf) in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not list((tmp_path / "c" / "models").glob(".*partial*"))  # staging cleaned up

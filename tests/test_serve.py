@@ -142,3 +142,15 @@ def test_json_logs_hide_the_auth_token(offline_env):
     records = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
     assert any(r["msg"] == "listening" for r in records)
     assert any(r.get("config", {}).get("auth_token") == "***" for r in records)
+
+
+def test_serve_exits_1_when_model_preparation_fails(tmp_path: Path, offline_env):
+    gguf = tmp_path / "broken.gguf"
+    gguf.write_bytes(b"GGUF" + b"\x00" * 64)  # passes the path check, fails conversion
+    server = Server(offline_env, "--llm", str(gguf), "--cache-dir", str(tmp_path / "cache"))
+    try:
+        server.proc.wait(timeout=120)
+    finally:
+        output = server.output()
+    assert server.proc.returncode == 1, output
+    assert "model preparation failed" in output and "cannot convert this GGUF" in output
