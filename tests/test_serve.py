@@ -43,6 +43,7 @@ class Server:
             text=True,
         )
         self.descendants: set[int] = set()
+        self._output: str | None = None
 
     def note_descendants(self) -> None:
         try:
@@ -71,7 +72,18 @@ class Server:
     def output(self) -> str:
         if self.proc.poll() is None:
             self.proc.kill()
-        return self.proc.communicate()[0]
+        if self._output is None:
+            self._output = self.proc.communicate()[0]
+        return self._output
+
+    def stop_cleanly(self) -> str:
+        """SIGTERM: exit status 0 within 5 s, and no process of its own left behind."""
+        seconds = self.terminate()
+        output = self.output()
+        assert self.proc.returncode == 0, output
+        assert seconds < 5.0, output
+        assert not alive(self.descendants), output
+        return output
 
 
 def alive(pids: set[int]) -> set[int]:
@@ -93,12 +105,9 @@ def test_serve_becomes_ready_and_stops_cleanly_on_sigterm(offline_env):
         assert all(c["state"] == "ready" for c in body["components"].values())
         assert body["components"]["llm"]["detail"].endswith("SmolLM2-135M-Instruct.Q4_1-bf16")
         assert grpc_health(server.grpc_port) == health_pb2.HealthCheckResponse.SERVING
-        seconds = server.terminate()
+        output = server.stop_cleanly()
     finally:
-        output = server.output()
-    assert server.proc.returncode == 0, output
-    assert seconds < 5.0
-    assert not alive(server.descendants), output
+        server.output()
     assert "listening" in output and "stopped" in output
 
 
@@ -115,12 +124,9 @@ def test_sigterm_during_model_preparation_stops_within_5s_leaving_no_child(tmp_p
             time.sleep(0.1)
         assert server.descendants, "model preparation should run in a child process"
         time.sleep(2)  # let it get into the conversion
-        seconds = server.terminate()
+        server.stop_cleanly()
     finally:
-        output = server.output()
-    assert server.proc.returncode == 0, output
-    assert seconds < 5.0
-    assert not alive(server.descendants), output
+        server.output()
 
 
 def test_json_logs_hide_the_auth_token(offline_env):
