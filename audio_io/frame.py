@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -10,7 +10,7 @@ import numpy.typing as npt
 Int16Array = npt.NDArray[np.int16]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class AudioFrame:
     """A block of int16 PCM, interleaved when ``channels > 1``.
 
@@ -23,7 +23,7 @@ class AudioFrame:
     sample_rate: int
     channels: int = 1
     capture_time: float | None = None
-    playout_time: float | None = field(default=None, compare=False)
+    playout_time: float | None = None
 
     def __post_init__(self) -> None:
         if self.samples.dtype != np.int16 or self.samples.ndim != 1:

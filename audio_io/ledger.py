@@ -131,22 +131,22 @@ class PlayoutLedger:
         Reports are clamped to what was sent (clients race and round) and never move
         backwards.
         """
-        position = max(self.stream_played, min(stream_position, self.stream_sent))
+        before = self.stream_played
+        position = max(before, min(stream_position, self.stream_sent))
         self.stream_played = position
         for turn_id in reversed(self._order):
             turn = self.turns[turn_id]
             assert turn.stream_start is not None
-            if turn.played == turn.sent and turn.stream_start + turn.sent <= position:
-                break  # wholly played before this report, and so is every earlier turn
+            if turn.stream_start + turn.sent <= before:
+                break  # wholly played by an earlier report, and so is every earlier turn
             turn.played = max(turn.played, min(turn.sent, position - turn.stream_start))
 
     def record_played_in_turn(self, turn_id: str, samples: int) -> None:
         """The caller has played ``samples`` of this turn (e.g. from a transport that
         knows its own playout position per turn); clamped to what was sent."""
         turn = self.turns[turn_id]
-        turn.played = max(turn.played, min(samples, turn.sent))
-        if turn.stream_start is not None:
-            self.stream_played = max(self.stream_played, turn.stream_start + turn.played)
+        if turn.stream_start is not None:  # everything sent before it has played too
+            self.record_played(turn.stream_start + min(samples, turn.sent))
 
     def finish_turn(self, turn_id: str) -> None:
         """TTS has generated audio for all of the turn's text."""

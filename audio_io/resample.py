@@ -66,8 +66,10 @@ class Resampler:
         return _to_int16(self._stream.resample_chunk(x, last=last))
 
     def flush(self) -> Int16Array:
-        """Drain the filter tail at the end of a stream."""
-        return self.process(np.zeros(0, dtype=np.int16), last=True)
+        """Drain the filter tail at the end of a stream; the resampler is then reset."""
+        tail = self.process(np.zeros(0, dtype=np.int16), last=True)
+        self.reset()
+        return tail
 
 
 def resample(samples: Int16Array, in_rate: int, out_rate: int) -> Int16Array:
@@ -94,7 +96,7 @@ class Reframer:
     def push(self, samples: Int16Array, capture_time: float | None = None) -> list[AudioFrame]:
         if self._t0 is None and capture_time is not None:
             self._t0 = capture_time - (self._emitted + self._buffer.size) / self.sample_rate
-        self._buffer = np.concatenate([self._buffer, samples]) if self._buffer.size else samples
+        self._buffer = np.concatenate([self._buffer, samples]) if self._buffer.size else samples.copy()
         frames: list[AudioFrame] = []
         n = self.frame_samples
         while self._buffer.size >= n:

@@ -58,6 +58,11 @@ class Config:
     def __post_init__(self) -> None:
         _validate(self)
 
+    @property
+    def host_for_url(self) -> str:
+        """The host as it appears in a URL or a gRPC address (IPv6 in brackets)."""
+        return f"[{self.host}]" if ":" in self.host else self.host
+
     def redacted(self) -> dict[str, Any]:
         """The config as a dict with secrets masked, for logs."""
         out = {}
@@ -83,15 +88,16 @@ def coerce(key: str, value: Any, origin: str) -> Any:
     if key not in FIELDS:
         raise ConfigError(key, f"unknown configuration key (known: {', '.join(FIELDS)})", origin)
     t = _field_type(key)
+    shown = "a value" if FIELDS[key].metadata["secret"] else repr(value)  # never echo a secret
     if isinstance(value, str) and t is not str:
         try:
             return t(value)
         except ValueError:
-            raise ConfigError(key, f"expected {t.__name__}, got {value!r}", origin) from None
+            raise ConfigError(key, f"expected {t.__name__}, got {shown}", origin) from None
     if t is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if not isinstance(value, t) or isinstance(value, bool):
-        raise ConfigError(key, f"expected {t.__name__}, got {type(value).__name__} {value!r}", origin)
+        raise ConfigError(key, f"expected {t.__name__}, got {type(value).__name__} {shown}", origin)
     return value
 
 
@@ -112,8 +118,8 @@ def _validate(config: Config) -> None:
             raise ConfigError("host", f"{config.host!r} is not an IP address or localhost") from None
     if config.max_message_bytes < 1024:
         raise ConfigError("max_message_bytes", "must be at least 1024")
-    if config.shutdown_timeout_s <= 0:
-        raise ConfigError("shutdown_timeout_s", "must be positive")
+    if not 0 < config.shutdown_timeout_s <= 4.5:  # also refuses nan
+        raise ConfigError("shutdown_timeout_s", "must be within (0, 4.5]: SIGTERM must stop us within 5 s")
     if config.auth_token is not None and len(config.auth_token) < 8:
         raise ConfigError("auth_token", "must be at least 8 characters")
 

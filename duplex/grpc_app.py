@@ -54,7 +54,7 @@ class GrpcListener:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         services = (health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
         reflection.enable_server_reflection(services, self.server)
-        self.port = self.server.add_insecure_port(f"{config.host}:{config.grpc_port}")
+        self.port = self.server.add_insecure_port(f"{config.host_for_url}:{config.grpc_port}")
 
     async def start(self) -> None:
         await self.set_serving(False)

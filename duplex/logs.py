@@ -1,5 +1,8 @@
 """Structured logging: one line per event, as text or JSON, with secrets masked.
 
+Secrets are masked in the formatted line, after fields and tracebacks are rendered,
+so a token cannot reach the log through a URL in a field or an exception message.
+
 Fields go in ``extra={"fields": {...}}``; the JSON formatter emits them as keys, the
 text formatter as ``key=value`` pairs after the message.
 """
@@ -13,18 +16,19 @@ import time
 from typing import Any
 
 
-class _Redactor(logging.Filter):
-    def __init__(self, secrets: list[str]) -> None:
+class RedactingFormatter(logging.Formatter):
+    """Masks secrets in the finished line: message, fields and traceback alike."""
+
+    def __init__(self, inner: logging.Formatter, secrets: list[str]) -> None:
         super().__init__()
+        self._inner = inner
         self._secrets = [s for s in secrets if s]
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        if self._secrets:
-            message = record.getMessage()
-            for secret in self._secrets:
-                message = message.replace(secret, "***")
-            record.msg, record.args = message, None
-        return True
+    def format(self, record: logging.LogRecord) -> str:
+        line = self._inner.format(record)
+        for secret in self._secrets:
+            line = line.replace(secret, "***")
+        return line
 
 
 def _fields(record: logging.LogRecord) -> dict[str, Any]:
@@ -59,8 +63,8 @@ class TextFormatter(logging.Formatter):
 
 def setup_logging(level: str, fmt: str, secrets: list[str] | None = None) -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
-    handler.addFilter(_Redactor(secrets or []))
+    inner = JsonFormatter() if fmt == "json" else TextFormatter()
+    handler.setFormatter(RedactingFormatter(inner, secrets or []))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -75,8 +75,8 @@ class Service:
             "listening",
             extra={
                 "fields": {
-                    "http": f"http://{self.config.host}:{self.config.port}",
-                    "grpc": f"{self.config.host}:{self._grpc.port}",
+                    "http": f"http://{self.config.host_for_url}:{self.config.port}",
+                    "grpc": f"{self.config.host_for_url}:{self._grpc.port}",
                 }
             },
         )
@@ -104,17 +104,23 @@ class Service:
         code = self._child.returncode
         self._child = None
         if code != 0:
-            message = stderr.decode(errors="replace").strip().splitlines()[-1:] or [f"exit status {code}"]
-            for component in COMPONENTS.values():
-                self.readiness.set(component, ComponentState.FAILED, message[0])
-            log.error("model preparation failed: %s", message[0])
-            self.exit_code = 1
-            self.stopped.set()
-            return
-        for item in json.loads(stdout):
-            component = COMPONENTS[item["stage"]]
+            lines = stderr.decode(errors="replace").strip().splitlines()
+            return self._prepare_failed(lines[-1] if lines else f"exit status {code}")
+        try:
+            prepared = json.loads(stdout)
+            ready = [(COMPONENTS[item["stage"]], item) for item in prepared]
+        except (ValueError, KeyError, TypeError) as e:
+            return self._prepare_failed(f"unreadable result from duplex prepare: {e}")
+        for component, item in ready:
             self.readiness.set(component, ComponentState.READY, item["path"])
             log.info("model ready", extra={"fields": item})
+
+    def _prepare_failed(self, message: str) -> None:
+        for component in COMPONENTS.values():
+            self.readiness.set(component, ComponentState.FAILED, message)
+        log.error("model preparation failed: %s", message)
+        self.exit_code = 1
+        self.stopped.set()
 
     async def stop(self) -> None:
         """Stop everything within ``shutdown_timeout_s``; safe to call twice."""

@@ -15,6 +15,7 @@ a later run with the same source reuses the directory.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import shutil
@@ -63,6 +64,18 @@ def _staging_dir(out_dir: Path) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+@contextmanager
+def conversion_lock(out_dir: Path) -> Iterator[None]:
+    """Exclusive across processes: check-and-convert of one output directory."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with (out_dir.parent / f".{out_dir.name}.lock").open("w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def remove_stale_partials(out_dir: Path) -> None:
     """Delete staging directories left behind by an interrupted conversion."""
     for stale in out_dir.parent.glob(f".{out_dir.name}.partial-*"):
@@ -94,7 +107,8 @@ def convert_gguf(gguf: Path, out_dir: Path, fingerprint: dict[str, object], prog
         steps.update()
         config = json.loads((tmp / "config.json").read_text())
         assert "quantization_config" not in config, "GGUF quantization_config leaked into config.json"
-        assert tokenizer.chat_template, f"{gguf.name} carries no chat template"
+        if not tokenizer.chat_template:
+            raise ValueError(f"{gguf.name} carries no chat template; a chat model needs one")
         (tmp / SOURCE_FILE).write_text(json.dumps(fingerprint | {"source_path": str(gguf)}, indent=2))
         if out_dir.exists():
             shutil.rmtree(out_dir)

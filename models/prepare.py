@@ -16,7 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from models.bundled import BUNDLED, ModelNotFoundError
-from models.convert import convert_gguf, is_converted, remove_stale_partials, source_fingerprint
+from models.convert import (
+    conversion_lock,
+    convert_gguf,
+    is_converted,
+    remove_stale_partials,
+    source_fingerprint,
+)
 
 STAGES = ("vad", "asr", "voice", "llm")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -102,22 +108,24 @@ def prepare(choices: list[ModelChoice], cache_dir: Path, progress: bool = True) 
         location, source = resolve(choice)
         if source == "hub":
             prepared.append(PreparedModel(choice.stage, str(location), source, "hub"))
-            continue
-        assert isinstance(location, Path)
-        if choice.stage == "llm" and location.suffix == ".gguf":
-            out = converted_dir(cache_dir, location)
-            fingerprint = source_fingerprint(location)
-            if is_converted(out, fingerprint):
-                prepared.append(PreparedModel("llm", str(out), source, "reused"))
-            else:
-                remove_stale_partials(out)
-                try:
-                    seconds = convert_gguf(location, out, fingerprint, progress=progress)
-                except (OSError, ValueError, KeyError, RuntimeError) as e:
-                    # transformers and gguf raise these for files that are not a
-                    # GGUF model they can read; say which file, not a traceback.
-                    raise ModelNotFoundError("llm", location, f"cannot convert this GGUF: {e}") from e
-                prepared.append(PreparedModel("llm", str(out), source, "converted", seconds))
-            continue
-        prepared.append(PreparedModel(choice.stage, str(location), source, "found"))
+        elif choice.stage == "llm" and isinstance(location, Path) and location.suffix == ".gguf":
+            prepared.append(_prepare_gguf(location, source, cache_dir, progress))
+        else:
+            prepared.append(PreparedModel(choice.stage, str(location), source, "found"))
     return prepared
+
+
+def _prepare_gguf(gguf: Path, source: str, cache_dir: Path, progress: bool) -> PreparedModel:
+    out = converted_dir(cache_dir, gguf)
+    fingerprint = source_fingerprint(gguf)
+    with conversion_lock(out):  # another process may be converting the same model
+        if is_converted(out, fingerprint):
+            return PreparedModel("llm", str(out), source, "reused")
+        remove_stale_partials(out)
+        try:
+            seconds = convert_gguf(gguf, out, fingerprint, progress=progress)
+        except (OSError, ValueError, KeyError, RuntimeError) as e:
+            # transformers and gguf raise these for files that are not a GGUF model
+            # they can read; say which file, not a traceback.
+            raise ModelNotFoundError("llm", gguf, f"cannot convert this GGUF: {e}") from e
+    return PreparedModel("llm", str(out), source, "converted", seconds)

@@ -126,3 +126,22 @@ def test_cli_corrupt_gguf_is_refused_with_the_path(tmp_path: Path, offline_env):
     assert "cannot convert this GGUF" in result.stderr and str(gguf) in result.stderr
     assert "Traceback" not in result.stderr
     assert not list((tmp_path / "c" / "models").glob(".*partial*"))  # staging cleaned up
+
+
+def test_secret_values_are_not_echoed_in_errors(tmp_path: Path):
+    path = tmp_path / "c.toml"
+    path.write_text("auth_token = 1234567890123\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path, {}, {})
+    assert "1234567890123" not in str(info.value) and info.value.key == "auth_token"
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "10", "0"])
+def test_shutdown_timeout_must_fit_the_5s_promise(value):
+    with pytest.raises(ConfigError, match="shutdown_timeout_s"):
+        load_config(None, {"DUPLEX_SHUTDOWN_TIMEOUT_S": value}, {})
+
+
+def test_ipv6_hosts_are_bracketed_in_addresses():
+    assert load_config(None, {}, {"host": "::1"}).host_for_url == "[::1]"
+    assert Config().host_for_url == "127.0.0.1"

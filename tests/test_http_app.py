@@ -105,3 +105,21 @@ async def test_oversized_body_is_refused_by_the_configured_limit():
 
 async def _echo(request: web.Request) -> web.Response:
     return web.Response(body=await request.read())
+
+
+def test_log_lines_mask_secrets_in_fields_and_tracebacks(capsys):
+    import logging
+
+    from duplex.logs import setup_logging
+
+    for fmt in ("text", "json"):
+        setup_logging("info", fmt, [TOKEN])
+        log = logging.getLogger("duplex.test")
+        log.info("request", extra={"fields": {"url": f"/ws?token={TOKEN}"}})
+        try:
+            raise ValueError(f"bad token {TOKEN}")
+        except ValueError:
+            log.exception("failed")
+        err = capsys.readouterr().err
+        assert TOKEN not in err and "***" in err
+    logging.getLogger().handlers.clear()

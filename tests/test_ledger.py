@@ -125,3 +125,25 @@ def test_broken_invariants_name_the_bug():
         ledger.record_sent("t1", 1)
     with pytest.raises(AssertionError, match="twice"):
         ledger.start_turn("t2")
+
+
+def test_an_empty_send_does_not_hide_earlier_turns():
+    ledger = PlayoutLedger(16000)
+    ledger.start_turn("a")
+    ledger.record_generated("a", 300)
+    ledger.record_sent("a", 300)
+    ledger.start_turn("b")
+    ledger.record_sent("b", 0)  # e.g. a resampler that has not produced output yet
+    ledger.record_played(300)
+    assert ledger.turn("a").played == 300
+
+
+def test_a_per_turn_report_counts_earlier_turns_as_played():
+    ledger = PlayoutLedger(16000)
+    for name, n in (("a", 300), ("b", 200)):
+        ledger.start_turn(name)
+        ledger.record_generated(name, n)
+        ledger.record_sent(name, n)
+    ledger.record_played_in_turn("b", 200)
+    ledger.record_played(500)
+    assert (ledger.turn("a").played, ledger.turn("b").played) == (300, 200)
