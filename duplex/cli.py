@@ -51,6 +51,23 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.add_argument("--json", action="store_true", help="print the prepared models as JSON")
     prepare.add_argument("--no-progress", action="store_true", help="no progress bar")
     prepare.add_argument("--verify", action="store_true", help="also load the LLM in vLLM and chat once")
+    transcribe = sub.add_parser("transcribe", help="print the transcript of a WAV file")
+    _add_config_flags(transcribe, ("asr", "vad", "log_level"))
+    transcribe.add_argument("file", type=Path, help="WAV file (PCM or float, any rate)")
+    transcribe.add_argument(
+        "--partials", action="store_true", help="stream it through VAD and streaming ASR; partials to stderr"
+    )
+    say = sub.add_parser("say", help="synthesize speech to a WAV file")
+    _add_config_flags(say, ("voice", "log_level"))
+    say.add_argument("text", help="what to say ('-' reads stdin)")
+    say.add_argument("-o", "--output", type=Path, required=True, help="WAV file to write")
+    say.add_argument("--rate", type=int, default=None, help="sample rate of the WAV (default: the voice's)")
+    say.add_argument("--deterministic", action="store_true", help="no generator noise: same audio every time")
+    bench = sub.add_parser("bench", help="measure a stage; prints one JSON object as its last line")
+    _add_config_flags(bench, ("asr", "vad", "voice", "log_level"))
+    bench.add_argument("stage", choices=("asr", "tts"))
+    bench.add_argument("--sessions", default="1,4,8", help="concurrent sessions to measure, comma-separated")
+    bench.add_argument("--quick", action="store_true", help="fewer repetitions (for smoke tests)")
     return parser
 
 
@@ -74,6 +91,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "serve":
             return _serve(config, cache_dir)
+        if args.command == "transcribe":
+            from duplex.speech_cli import transcribe
+
+            return transcribe(config, args)
+        if args.command == "say":
+            from duplex.speech_cli import say
+
+            return say(config, args)
+        if args.command == "bench":
+            from duplex.bench import run_bench
+
+            return run_bench(config, args)
         return _prepare(config, cache_dir, args)
     except ModelNotFoundError as e:
         return _fail(str(e))

@@ -24,3 +24,43 @@ def offline_env(tmp_path: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DUPLEX_")}
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1")
     return env
+
+
+# -- real engines, one of each per test session (they are thread-based and loop-agnostic) --
+
+
+@pytest.fixture(scope="session")
+def tts_engine():
+    from models.bundled import BUNDLED
+    from models.tts import TtsEngine
+
+    engine = TtsEngine(BUNDLED["voice"].locate(), deterministic=True)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="session")
+def asr_engine():
+    from models.asr import AsrEngine
+    from models.bundled import BUNDLED
+
+    engine = AsrEngine(BUNDLED["asr"].locate())
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="session")
+def vad_engine():
+    from models.bundled import BUNDLED
+    from models.vad import VadEngine
+
+    engine = VadEngine(BUNDLED["vad"].locate())
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="session")
+def speech_set(tts_engine):
+    from models.speech_set import synthesize_set
+
+    return synthesize_set(tts_engine)

@@ -1,0 +1,22 @@
+"""``duplex bench``: stage benchmarks that print one JSON object as their last line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from duplex.config import Config
+
+
+def run_bench(config: Config, args: argparse.Namespace) -> int:
+    sessions = [int(n) for n in args.sessions.split(",") if n.strip()]
+    if args.stage == "asr":
+        from duplex.bench.asr import bench_asr
+
+        result = bench_asr(config, sessions, quick=args.quick)
+    else:
+        from duplex.bench.tts import bench_tts
+
+        result = bench_tts(config, sessions, quick=args.quick)
+    print(json.dumps(result))
+    return 0

@@ -1,0 +1,451 @@
+"""Streaming ASR: Whisper (CTranslate2 via faster-whisper), one engine for all sessions.
+
+Whisper's encoder expects 30 s of audio; padding every pass to 30 s costs ~0.3 s of
+encoder time here, whatever the utterance length. Instead each pass encodes only the
+utterance (plus 0.3 s of silence) and completes the encoder output to Whisper's 1,500
+positions with the encoder states of 30 s of silence, computed once at start-up. The
+decoder then sees what it was trained on: speech followed by silence. Measured here
+(tiny.en, int8, one thread): a 3 s utterance encodes in ~15 ms instead of ~290 ms. What
+did not work: truncating the encoder output to the audio (or to audio plus 5-15 s of
+silence states) makes the decoder loop ("What time is it? What time is it? ...") on
+short utterances; only the full 1,500 positions were reliable on our test phrases.
+
+While the caller speaks, a partial pass runs every ``partial_interval`` of new audio.
+Words two consecutive passes agree on are committed (`LocalAgreement`) and forced as
+the decoder prefix of every later pass, so they are never retracted. When the VAD
+reports a pause, the final pass of the utterance so far starts at once; if the pause
+becomes the end of speech (``min_silence_ms`` later), that pass is the final and is
+usually done before the end-of-speech event; if speech resumes it is discarded.
+
+One worker thread serves every stream: finals before partials, at most one pending
+partial per stream (a newer request replaces it), so under load partials get rarer and
+finals are never dropped. Model compute never runs on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from models.agreement import HypWord, LocalAgreement, word_key
+
+log = logging.getLogger("duplex.asr")
+
+SAMPLE_RATE = 16000
+WINDOW_S = 30
+TAIL_PAD = int(0.3 * SAMPLE_RATE)
+MAX_WINDOW = 20 * SAMPLE_RATE  # with nothing committed for this long, keep only the newest half
+PREVIOUS_TEXT_TOKENS = 48  # context from before the window, as Whisper's previous-text prompt
+NO_SPEECH_THRESHOLD = 0.6
+
+
+def pcm16_to_float(samples: npt.NDArray[np.int16]) -> npt.NDArray[np.float32]:
+    return samples.astype(np.float32) / 32768.0
+
+
+def float_to_pcm16(samples: npt.NDArray[np.floating]) -> npt.NDArray[np.int16]:
+    """Float audio in [-1, 1] to int16; NaN or infinity is an error, not noise."""
+    if not np.all(np.isfinite(samples)):
+        raise ValueError("audio contains NaN or infinite samples")
+    return np.clip(np.rint(samples * 32767.0), -32768, 32767).astype(np.int16)
+
+
+def limit_blas_threads() -> None:
+    """One BLAS thread for numpy in this process.
+
+    faster-whisper computes log-mel features with numpy; OpenBLAS then keeps a second
+    thread spinning after each call. Measured here: a pass took the same wall time
+    but twice the CPU time (56 ms CPU for 32 ms wall) until OpenBLAS was held to one
+    thread (28 ms for 28 ms). Our numpy work is small; model compute has its own
+    thread settings (CTranslate2 ``cpu_threads``, onnxruntime, vLLM's processes).
+    """
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=1, user_api="blas")
+
+
+@dataclass(frozen=True)
+class AsrWord:
+    text: str
+    start: int  # stream sample positions (16 kHz)
+    end: int
+
+
+@dataclass(frozen=True)
+class AsrResult:
+    text: str  # the whole utterance as heard so far (final: as heard)
+    committed: tuple[AsrWord, ...]  # words that will not change
+    final: bool
+    audio_end: int  # stream position of the last sample this pass saw
+    compute_ms: float
+
+
+@dataclass(frozen=True)
+class _Hypothesis:
+    words: list[HypWord]
+    text: str
+    tokens: list[int] = field(default_factory=list)
+    offset: int = 0
+    encoder_output: object = None  # kept so that word times can be added later
+    frames: int = 0
+
+
+class AsrEngine:
+    def __init__(
+        self, model_path: str | Path, compute_type: str = "int8", cpu_threads: int = 1, device: str = "cpu"
+    ) -> None:
+        import ctranslate2
+        from faster_whisper import WhisperModel
+        from faster_whisper.tokenizer import Tokenizer
+
+        limit_blas_threads()
+        self._ct2 = ctranslate2
+        self.model = WhisperModel(
+            str(model_path), device=device, compute_type=compute_type, cpu_threads=cpu_threads
+        )
+        self.tokenizer = Tokenizer(
+            self.model.hf_tokenizer, self.model.model.is_multilingual, task="transcribe", language="en"
+        )
+        self._prompt = [*self.tokenizer.sot_sequence, self.tokenizer.no_timestamps]
+        silence = self.model.feature_extractor(np.zeros(WINDOW_S * SAMPLE_RATE, np.float32), padding=0)
+        self._silence_states = self._encode(silence[:, : self.model.feature_extractor.nb_max_frames])
+        self._positions = self._silence_states.shape[1]
+        self._jobs: queue.PriorityQueue[tuple[int, int, _Job | None]] = queue.PriorityQueue()
+        self._seq = itertools.count()
+        self.passes = 0
+        self.busy_s = 0.0  # worker time spent in passes
+        self._thread = threading.Thread(target=self._work, name="asr-engine", daemon=True)
+        self._thread.start()
+
+    def stream(self, partial_interval_ms: int = 500) -> AsrStream:
+        return AsrStream(self, partial_interval_ms * SAMPLE_RATE // 1000)
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._jobs.put((-1, next(self._seq), None))
+            self._thread.join(timeout=10)
+
+    # -- passes (worker thread, or any thread for one-shot use) --
+
+    def _encode(self, features: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        view = self._ct2.StorageView.from_array(np.ascontiguousarray(features[None]))
+        return np.array(self.model.model.encode(view, to_cpu=True))
+
+    def transcribe_window(
+        self,
+        audio: npt.NDArray[np.float32],
+        offset: int,
+        prefix: list[int],
+        word_times: bool,
+        previous: list[int] | None = None,
+    ) -> _Hypothesis:
+        """One pass over at most 30 s of 16 kHz audio, continuing ``prefix`` tokens."""
+        assert audio.size <= (WINDOW_S * SAMPLE_RATE) - TAIL_PAD, "window longer than Whisper's 30 s"
+        if audio.size < SAMPLE_RATE // 10 or not np.any(audio):
+            return _Hypothesis([], "")
+        features = self.model.feature_extractor(
+            np.concatenate([audio, np.zeros(TAIL_PAD, np.float32)]), padding=0
+        )
+        frames = features.shape[-1] - features.shape[-1] % 2
+        states = self._encode(features[:, :frames])
+        states = np.concatenate([states, self._silence_states[:, states.shape[1] :]], axis=1)
+        encoder_output = self._ct2.StorageView.from_array(np.ascontiguousarray(states))
+        seconds = audio.size / SAMPLE_RATE
+        result = self.model.model.generate(
+            encoder_output,
+            [self.prompt(previous or []) + prefix],
+            beam_size=1,
+            max_length=len(prefix) + int(8 * seconds) + 16,
+            return_no_speech_prob=True,
+        )[0]
+        tokens = [t for t in result.sequences_ids[0] if t < self.tokenizer.eot]
+        if not prefix and result.no_speech_prob > NO_SPEECH_THRESHOLD:
+            return _Hypothesis([], "")
+        hyp = _Hypothesis([], self.tokenizer.decode(tokens).strip(), tokens, offset, encoder_output, frames)
+        return self.with_times(hyp) if word_times else replace(hyp, words=self._words(hyp, times=False))
+
+    def prompt(self, previous: list[int]) -> list[int]:
+        """Decoder prompt: earlier text of the utterance (if any), then the task tokens."""
+        context = [self.tokenizer.sot_prev, *previous[-PREVIOUS_TEXT_TOKENS:]] if previous else []
+        return context + self._prompt
+
+    def with_times(self, hyp: _Hypothesis) -> _Hypothesis:
+        """Add word timestamps (cross-attention alignment, ~25 ms a pass here)."""
+        return replace(hyp, words=self._words(hyp, times=True))
+
+    def _words(self, hyp: _Hypothesis, times: bool) -> list[HypWord]:
+        tokens, offset = hyp.tokens, hyp.offset
+        if not tokens:
+            return []
+        if times:
+            aligned = self.model.find_alignment(self.tokenizer, [tokens], hyp.encoder_output, hyp.frames)[0]
+            spans = [(w["word"], tuple(w["tokens"]), w["start"], w["end"]) for w in aligned]
+        else:
+            texts, word_tokens = self.tokenizer.split_to_word_tokens(tokens + [self.tokenizer.eot])
+            spans = [
+                (t, tuple(ts), 0.0, 0.0)
+                for t, ts in zip(texts, word_tokens, strict=True)
+                if ts != [self.tokenizer.eot]
+            ]
+        words: list[HypWord] = []
+        for text, toks, start, end in spans:
+            s, e = offset + int(start * SAMPLE_RATE), offset + int(end * SAMPLE_RATE)
+            if words and not text.startswith(" ") and not text[:1].isalnum():
+                last = words[-1]  # punctuation belongs to the word before it
+                words[-1] = HypWord(last.text + text, last.tokens + toks, last.start, max(last.end, e))
+            else:
+                words.append(HypWord(text, toks, s, e))
+        return words
+
+    def transcribe(self, samples: npt.NDArray[np.int16]) -> str:
+        """One-shot transcription of any length (30 s windows cut at committed words)."""
+        audio = pcm16_to_float(samples)
+        parts: list[str] = []
+        start = 0
+        window = WINDOW_S * SAMPLE_RATE - TAIL_PAD
+        while start < audio.size:
+            chunk = audio[start : start + window]
+            if start + window >= audio.size:
+                parts.append(self.transcribe_window(chunk, start, [], word_times=False).text)
+                break
+            hyp = self.transcribe_window(chunk, start, [], word_times=True)
+            keep = [w for w in hyp.words if w.end < start + window - 2 * SAMPLE_RATE] or hyp.words
+            parts.append("".join(w.text for w in keep).strip())
+            start = keep[-1].end if keep and keep[-1].end > start else start + window
+        return " ".join(p for p in parts if p)
+
+    # -- the worker --
+
+    def submit(self, job: _Job) -> None:
+        self._jobs.put((0 if job.final else 1, next(self._seq), job))
+
+    def _work(self) -> None:
+        while True:
+            _, _, job = self._jobs.get()
+            if job is None:
+                return
+            if job.cancelled:
+                continue
+            started = time.perf_counter()
+            try:
+                hyp: _Hypothesis | BaseException = self.transcribe_window(
+                    job.audio, job.offset, job.prefix, word_times=False, previous=job.previous
+                )
+                # Word times only matter for words about to be committed: align only
+                # when this pass agrees with the previous one beyond what is committed.
+                if not job.final and isinstance(hyp, _Hypothesis) and job.may_commit(hyp.words):
+                    hyp = self.with_times(hyp)
+            except Exception as e:  # a bad pass fails its request, not the engine
+                log.exception("ASR pass failed (%d samples)", job.audio.size)
+                hyp = e
+            self.passes += 1
+            self.busy_s += time.perf_counter() - started
+            job.compute_ms = (time.perf_counter() - started) * 1000
+            job.deliver(hyp)
+
+
+@dataclass(eq=False)
+class _Job:
+    audio: npt.NDArray[np.float32]
+    offset: int  # stream position of audio[0]
+    prefix: list[int]
+    final: bool
+    loop: asyncio.AbstractEventLoop
+    cancelled: bool = False
+    compute_ms: float = 0.0
+    requested_end: int = -1
+    previous: list[int] = field(default_factory=list)  # text tokens before the window
+    previous_keys: list[str] = field(default_factory=list)  # words of the previous hypothesis
+    committed: int = 0  # how many words are committed
+
+    def may_commit(self, words: list[HypWord]) -> bool:
+        i = self.committed
+        return i < min(len(words), len(self.previous_keys)) and word_key(words[i]) == self.previous_keys[i]
+
+    future: asyncio.Future[_Hypothesis] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.future = self.loop.create_future()
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.audio.size
+
+    def deliver(self, result: _Hypothesis | BaseException) -> None:
+        def resolve() -> None:
+            if self.future.done():
+                return
+            if isinstance(result, BaseException):
+                self.future.set_exception(result)
+            else:
+                self.future.set_result(result)
+
+        try:
+            self.loop.call_soon_threadsafe(resolve)
+        except RuntimeError:
+            pass  # loop closed
+
+
+class AsrStream:
+    """One session's recognizer. Utterances run from `begin` to `finish`.
+
+    Positions are sample indices of the session's 16 kHz stream (as the VAD counts).
+    Partial results arrive on `results`; `finish` returns the final one.
+
+    The audio window of a pass starts at the end of the last committed word once the
+    window is longer than ``window_s``: committed words move out of the window, and
+    their text is given to the decoder as previous-text context instead. Every pass
+    then costs about the same however long the caller talks, and so does the final.
+    """
+
+    def __init__(self, engine: AsrEngine, partial_interval: int, window_s: float = 4.0) -> None:
+        self.engine = engine
+        self.partial_interval = partial_interval
+        self.window = int(window_s * SAMPLE_RATE)
+        self._loop = asyncio.get_running_loop()
+        self.results: asyncio.Queue[AsrResult] = asyncio.Queue(maxsize=64)
+        self._active = False
+        self._reset_utterance(0)
+
+    def _reset_utterance(self, position: int) -> None:
+        self._audio = np.zeros(0, np.float32)
+        self._offset = position  # stream position of _audio[0]
+        self._agreement = LocalAgreement()
+        self._earlier: list[HypWord] = []  # committed words before the window
+        self._since_partial = 0
+        self._partial: _Job | None = None
+        self._candidate: _Job | None = None  # speculative final started at a pause
+
+    @property
+    def committed(self) -> tuple[AsrWord, ...]:
+        return tuple(_public(w) for w in (*self._earlier, *self._agreement.committed))
+
+    def begin(self, position: int, preroll: npt.NDArray[np.int16] | None = None) -> None:
+        """An utterance starts at ``position``; ``preroll`` is the audio just before it."""
+        self.cancel()
+        self._active = True
+        pre = np.zeros(0, np.int16) if preroll is None else preroll
+        self._reset_utterance(position - pre.size)
+        self._audio = pcm16_to_float(pre)
+
+    def push(self, samples: npt.NDArray[np.int16]) -> None:
+        if samples.dtype != np.int16:
+            raise TypeError(f"ASR takes int16 samples at 16 kHz, got {samples.dtype}")
+        if not self._active:
+            return
+        self._audio = np.concatenate([self._audio, pcm16_to_float(samples)])
+        self._since_partial += samples.size
+        self._slide_window()
+        if self._since_partial >= self.partial_interval and self._partial is None:
+            self._since_partial = 0
+            self._start_partial()
+
+    def pause(self, position: int) -> None:
+        """The VAD saw a pause begin at ``position``: start the final pass speculatively."""
+        if self._active:
+            if self._candidate is not None:
+                self._candidate.cancelled = True
+            self._candidate = self._submit(position, final=True)
+
+    async def finish(self, position: int) -> AsrResult:
+        """End of speech at ``position``: the final result of the utterance."""
+        if not self._active:
+            return AsrResult("", (), True, position, 0.0)
+        candidate, self._candidate = self._candidate, None
+        job = candidate if candidate is not None and candidate.requested_end == position else None
+        if job is None:
+            if candidate is not None:
+                candidate.cancelled = True
+            job = self._submit(position, final=True)
+        try:
+            hyp = await job.future
+        finally:
+            self.cancel()
+        words = [*self._earlier, *hyp.words]
+        return AsrResult(_join(words), tuple(_public(w) for w in words), True, job.end, job.compute_ms)
+
+    async def idle(self) -> None:
+        """Wait until no partial pass is pending (offline use: lockstep with the audio)."""
+        while self._partial is not None:
+            await asyncio.wait([self._partial.future])
+
+    def cancel(self) -> None:
+        """Drop the utterance in progress (barge-in, session end); idempotent."""
+        for job in (self._partial, self._candidate):
+            if job is not None:
+                job.cancelled = True
+                job.future.cancel()
+        self._active = False
+        self._partial = self._candidate = None
+
+    def _submit(self, position: int, final: bool) -> _Job:
+        end = min(max(position, self._offset), self._offset + self._audio.size) - self._offset
+        job = _Job(self._audio[:end].copy(), self._offset, self._prefix(), final, self._loop)
+        job.previous = self._previous_tokens()
+        job.requested_end = position  # audio may not reach it yet: the VAD pads its positions
+        job.previous_keys = self._agreement.previous_keys()
+        job.committed = len(self._agreement.committed)
+        self.engine.submit(job)
+        return job
+
+    def _prefix(self) -> list[int]:
+        return [t for w in self._agreement.committed for t in w.tokens]
+
+    def _previous_tokens(self) -> list[int]:
+        return [t for w in self._earlier for t in w.tokens][-PREVIOUS_TEXT_TOKENS:]
+
+    def _start_partial(self) -> None:
+        job = self._submit(self._offset + self._audio.size, final=False)
+        self._partial = job
+        job.future.add_done_callback(lambda f: self._on_partial(job, f))
+
+    def _on_partial(self, job: _Job, future: asyncio.Future[_Hypothesis]) -> None:
+        if self._partial is job:
+            self._partial = None
+        if future.cancelled() or job.cancelled or not self._active or job.offset != self._offset:
+            return  # stale: the window moved or the utterance ended meanwhile
+        if future.exception() is not None:
+            return  # logged by the engine; the next partial retries
+        hyp = future.result()
+        self._agreement.update(hyp.words, job.end)
+        words = [*self._earlier, *hyp.words]
+        result = AsrResult(_join(words), self.committed, False, job.end, job.compute_ms)
+        if self.results.full():
+            self.results.get_nowait()  # nobody reads: keep the newest
+        self.results.put_nowait(result)
+        self._slide_window()
+
+    def _slide_window(self) -> None:
+        """Move the window start to the last committed word once the window is long."""
+        committed = self._agreement.committed
+        if self._audio.size > self.window and committed and committed[-1].end > self._offset:
+            cut = committed[-1].end - self._offset
+            self._earlier.extend(committed)
+            self._agreement = LocalAgreement()
+        elif self._audio.size > MAX_WINDOW:
+            cut = self._audio.size - MAX_WINDOW // 2  # nothing agreed for 20 s: keep the newest half
+        else:
+            return
+        self._audio = self._audio[cut:]
+        self._offset += cut
+        for job in (self._partial, self._candidate):
+            if job is not None:
+                job.cancelled = True
+        self._partial = self._candidate = None
+
+
+def _public(word: HypWord) -> AsrWord:
+    return AsrWord(word.text.strip(), word.start, word.end)
+
+
+def _join(words: list[HypWord]) -> str:
+    return "".join(w.text for w in words).strip()

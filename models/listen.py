@@ -1,0 +1,110 @@
+"""`Listener`: the hearing half of a session, VAD and streaming ASR wired together.
+
+It keeps the last two seconds of audio, so that an utterance handed to ASR starts
+``preroll_ms`` before the VAD's speech start (nothing of the first word is lost to the
+VAD's decision delay) and ends 160 ms after the VAD's end position (which is placed
+at the end of the voice, where a fading last sound may still carry a consonant), and
+it turns the engines' outputs into one ordered list of events per pushed chunk.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from models.asr import AsrEngine, AsrResult
+from models.vad import VadConfig, VadEngine, VadEventKind
+
+HISTORY = 2 * 16000
+ASR_TAIL = 160 * 16  # audio past the VAD's end position that the final pass still gets
+
+
+class ListenEventKind(enum.Enum):
+    SPEECH_STARTED = "speech_started"
+    PARTIAL = "partial"
+    SPEECH_STOPPED = "speech_stopped"
+    FINAL = "final"
+
+
+@dataclass(frozen=True)
+class ListenEvent:
+    kind: ListenEventKind
+    position: int  # 16 kHz stream position
+    result: AsrResult | None = None
+    at: float = field(default_factory=time.monotonic)  # when the event happened
+
+
+class Listener:
+    def __init__(
+        self,
+        vad: VadEngine,
+        asr: AsrEngine,
+        vad_config: VadConfig | None = None,
+        preroll_ms: int = 300,
+        partial_interval_ms: int = 500,
+    ) -> None:
+        self.vad = vad.stream(vad_config)
+        self.asr = asr.stream(partial_interval_ms)
+        self.preroll = preroll_ms * 16
+        self._history = np.zeros(0, np.int16)
+        self._end = 0  # stream position after the last pushed sample
+        self.speaking = False
+
+    def _slice(self, start: int, end: int) -> npt.NDArray[np.int16]:
+        first = self._end - self._history.size
+        return self._history[max(start, first) - first : max(end, first) - first]
+
+    async def push(self, samples: npt.NDArray[np.int16]) -> list[ListenEvent]:
+        """Feed 16 kHz int16 audio; returns what happened, in order."""
+        if samples.dtype != np.int16 or samples.ndim != 1:
+            raise TypeError(
+                f"Listener takes 1-D int16 samples at 16 kHz, got {samples.dtype} {samples.shape}"
+            )
+        self._history = np.concatenate([self._history, samples])[-HISTORY:]
+        self._end += samples.size
+        if self.speaking:
+            self.asr.push(samples)
+        events: list[ListenEvent] = []
+        for event in await self.vad.push(samples):
+            if event.kind is VadEventKind.SPEECH_START:
+                self.speaking = True
+                preroll = self._slice(event.position - self.preroll, event.position)
+                self.asr.begin(event.position, preroll)
+                self.asr.push(self._slice(event.position, self._end))
+                events.append(ListenEvent(ListenEventKind.SPEECH_STARTED, event.position))
+            elif event.kind is VadEventKind.PAUSE:
+                self.asr.pause(event.position + ASR_TAIL)
+            elif event.kind is VadEventKind.SPEECH_END:
+                self.speaking = False
+                events.extend(self._partials())
+                events.append(ListenEvent(ListenEventKind.SPEECH_STOPPED, event.position))
+                final = await self.asr.finish(event.position + ASR_TAIL)
+                events.append(ListenEvent(ListenEventKind.FINAL, event.position, final))
+        events.extend(self._partials())
+        return events
+
+    async def flush(self) -> list[ListenEvent]:
+        """End of input: finish an utterance still in progress."""
+        if not self.speaking:
+            return []
+        self.speaking = False
+        final = await self.asr.finish(self._end)
+        return [
+            *self._partials(),
+            ListenEvent(ListenEventKind.SPEECH_STOPPED, self._end),
+            ListenEvent(ListenEventKind.FINAL, self._end, final),
+        ]
+
+    def _partials(self) -> list[ListenEvent]:
+        out = []
+        while not self.asr.results.empty():
+            result = self.asr.results.get_nowait()
+            out.append(ListenEvent(ListenEventKind.PARTIAL, result.audio_end, result))
+        return out
+
+    def close(self) -> None:
+        self.asr.cancel()

@@ -1,0 +1,150 @@
+"""Streaming Whisper with the bundled tiny.en model, on speech from our own TTS."""
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from audio_io.g711 import ulaw_decode, ulaw_encode
+from audio_io.resample import resample
+from models.asr import float_to_pcm16
+from models.listen import Listener, ListenEventKind
+from models.speech_set import normalize, wer, word_errors
+
+GAP = np.zeros(12000, np.int16)
+
+
+async def listen(vad_engine, asr_engine, audio: np.ndarray, lockstep: bool = True) -> list:
+    """Feed 20 ms chunks; in lockstep, wait for each partial pass (as if compute were free)."""
+    listener = Listener(vad_engine, asr_engine)
+    events = []
+    padded = np.concatenate([GAP, audio, GAP])
+    try:
+        for i in range(0, padded.size, 320):
+            events += await listener.push(padded[i : i + 320])
+            if lockstep:
+                await listener.asr.idle()
+        events += await listener.flush()
+    finally:
+        listener.close()
+    return events
+
+
+def finals(events: list) -> str:
+    return " ".join(e.result.text for e in events if e.kind is ListenEventKind.FINAL)
+
+
+@pytest.fixture(scope="module")
+def streamed(vad_engine, asr_engine, speech_set):
+    async def run_all():
+        return [await listen(vad_engine, asr_engine, u.audio) for u in speech_set]
+
+    return asyncio.run(run_all())
+
+
+@pytest.mark.slow
+def test_streaming_wer_on_20_varied_sentences(speech_set, streamed):
+    pairs = [(u.text, finals(events)) for u, events in zip(speech_set, streamed, strict=True)]
+    assert wer(pairs) <= 0.10, pairs
+
+
+@pytest.mark.slow
+def test_committed_words_are_never_retracted(streamed):
+    checked = 0
+    for events in streamed:
+        committed: list[str] = []
+        for event in events:
+            if event.kind is ListenEventKind.SPEECH_STARTED:
+                committed = []
+            if event.kind in (ListenEventKind.PARTIAL, ListenEventKind.FINAL):
+                words = [w.text for w in event.result.committed]
+                assert words[: len(committed)] == committed, (committed, words)
+                if event.kind is ListenEventKind.PARTIAL:
+                    assert event.result.text.startswith(" ".join(committed)[:1])
+                    committed = words
+                    checked += len(words)
+                else:
+                    assert normalize(event.result.text)[: len(committed)] == normalize(" ".join(committed))
+    assert checked > 50  # the test saw real commits, not empty lists
+
+
+@pytest.mark.slow
+def test_committed_words_carry_ordered_timestamps(streamed):
+    for events in streamed:
+        for event in events:
+            if event.kind is ListenEventKind.PARTIAL and event.result.committed:
+                times = [(w.start, w.end) for w in event.result.committed]
+                assert all(s <= e for s, e in times)
+                assert all(a[1] <= b[0] + 800 for a, b in zip(times, times[1:], strict=False))  # ~ordered
+                assert times[-1][1] <= event.result.audio_end
+
+
+@pytest.mark.slow
+def test_streaming_final_is_within_one_word_of_one_shot(asr_engine, speech_set, streamed):
+    for utterance, events in zip(speech_set, streamed, strict=True):
+        one_shot = asr_engine.transcribe(np.concatenate([GAP, utterance.audio, GAP]))
+        errors, _ = word_errors(one_shot, finals(events))
+        assert errors <= 1, (one_shot, finals(events))
+
+
+@pytest.mark.slow
+def test_partials_come_at_least_every_500ms_of_speech(streamed, speech_set):
+    longest = max(range(len(speech_set)), key=lambda i: speech_set[i].audio.size)
+    ends = [e.result.audio_end for e in streamed[longest] if e.kind is ListenEventKind.PARTIAL]
+    assert len(ends) >= 3
+    assert max(np.diff(ends)) <= 8000 + 320  # 500 ms of audio (+ one chunk)
+
+
+@pytest.mark.slow
+async def test_telephone_audio_still_transcribes(asr_engine, speech_set):
+    pairs = []
+    for u in speech_set:
+        phone = ulaw_decode(ulaw_encode(resample(u.audio, 16000, 8000)))  # G.711 at 8 kHz
+        pairs.append((u.text, asr_engine.transcribe(resample(phone, 8000, 16000))))
+    assert wer(pairs) <= 0.15, pairs
+
+
+async def test_final_for_a_pause_is_ready_at_the_end_of_speech(vad_engine, asr_engine, speech_set):
+    # real-time paced: the final pass starts at the pause and is done by the end event
+    events = await listen(vad_engine, asr_engine, speech_set[0].audio, lockstep=False)
+    stopped = next(e for e in events if e.kind is ListenEventKind.SPEECH_STOPPED)
+    final = next(e for e in events if e.kind is ListenEventKind.FINAL)
+    assert word_errors(speech_set[0].text, final.result.text)[0] <= 1
+    assert final.position == stopped.position
+
+
+async def test_bad_audio_gives_a_clear_result_or_error(asr_engine, vad_engine):
+    assert asr_engine.transcribe(np.zeros(0, np.int16)) == ""
+    assert asr_engine.transcribe(np.zeros(48000, np.int16)) == ""
+    noise = np.where(np.random.default_rng(0).standard_normal(48000) > 0, 32767, -32768).astype(np.int16)
+    assert isinstance(asr_engine.transcribe(noise), str)
+    with pytest.raises(ValueError, match="NaN"):
+        float_to_pcm16(np.array([0.1, np.nan, 0.2]))
+    stream = asr_engine.stream()
+    stream.begin(0)
+    with pytest.raises(TypeError, match="int16"):
+        stream.push(np.zeros(320, np.float32))
+    assert (await stream.finish(0)).text == ""  # an empty utterance
+    assert asr_engine._thread.is_alive() and vad_engine._thread.is_alive()
+
+
+@pytest.mark.slow
+async def test_a_garbage_session_does_not_disturb_another(vad_engine, asr_engine, speech_set):
+    async def garbage() -> None:
+        listener = Listener(vad_engine, asr_engine)
+        rng = np.random.default_rng(1)
+        clipped = np.where(rng.standard_normal(16000 * 10) > 0, 32767, -32768).astype(np.int16)
+        await listener.push(clipped)  # ten seconds in one burst
+        for bad in (np.zeros(320, np.float32), np.full(320, np.nan, np.float64)):
+            with pytest.raises(TypeError):
+                await listener.push(bad)  # type: ignore[arg-type]
+        for _ in range(0, 16000 * 3, 320):
+            await listener.push(rng.integers(-32768, 32767, 320).astype(np.int16))
+        await listener.flush()
+        listener.close()
+
+    good, _ = await asyncio.gather(
+        listen(vad_engine, asr_engine, speech_set[0].audio, lockstep=False), garbage()
+    )
+    assert word_errors(speech_set[0].text, finals(good))[0] <= 1
+    assert asr_engine._thread.is_alive() and vad_engine._thread.is_alive()

@@ -1,0 +1,81 @@
+"""`duplex say`, `duplex transcribe` and `duplex bench` as a user runs them."""
+
+import json
+import subprocess
+import wave
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from audio_io.resample import resample
+from audio_io.wav import write_wav
+from models.speech_set import SENTENCES, wer
+from tests.conftest import duplex_command
+
+pytestmark = pytest.mark.slow
+
+
+def run(args: list[str], env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(duplex_command(*args), env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_say_then_transcribe(tmp_path: Path, offline_env):
+    out = tmp_path / "q.wav"
+    text = "Could you tell me what the weather will be like tomorrow in Boston?"
+    said = run(["say", text, "-o", str(out), "--rate", "44100"], offline_env)
+    assert said.returncode == 0, said.stderr
+    with wave.open(str(out)) as w:
+        assert (w.getframerate(), w.getnchannels(), w.getsampwidth()) == (44100, 1, 2)
+        assert w.getnframes() > 44100
+    heard = run(["transcribe", str(out)], offline_env)
+    assert heard.returncode == 0, heard.stderr
+    assert wer([(text, heard.stdout)]) <= 0.1, heard.stdout
+
+
+def test_transcribe_with_partials_streams_to_stderr(tmp_path: Path, offline_env, speech_set):
+    gap = np.zeros(16000, np.int16)
+    audio = np.concatenate([gap, speech_set[0].audio, gap, speech_set[4].audio, gap])
+    write_wav(tmp_path / "two.wav", resample(audio, 16000, 8000), 8000)  # another rate on purpose
+    result = run(["transcribe", "--partials", str(tmp_path / "two.wav")], offline_env)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("final:") == 2 and "committed:" in result.stderr
+    assert wer([(f"{SENTENCES[0]} {SENTENCES[4]}", result.stdout)]) <= 0.15, result.stdout
+
+
+def test_a_ten_minute_wav_is_transcribed(tmp_path: Path, offline_env, speech_set):
+    gap = np.zeros(8000, np.int16)
+    one_pass = np.concatenate([np.concatenate([u.audio, gap]) for u in speech_set])
+    repeats = int(np.ceil(600 * 16000 / one_pass.size))
+    write_wav(tmp_path / "long.wav", np.tile(one_pass, repeats)[: 600 * 16000], 16000)
+    result = run(["transcribe", str(tmp_path / "long.wav")], offline_env, timeout=600)
+    assert result.returncode == 0, result.stderr
+    words = result.stdout.split()
+    assert len(words) > 1000  # ten minutes of continuous sentences
+    assert "Boston" in result.stdout and "dragon" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [(b"", "not a RIFF/WAVE"), (b"RIFF....WAVEdata", "no fmt chunk"), (None, "No such file")],
+)
+def test_transcribe_bad_files_exit_2(tmp_path: Path, offline_env, content, message):
+    path = tmp_path / "bad.wav"
+    if content is not None:
+        path.write_bytes(content)
+    result = run(["transcribe", str(path)], offline_env)
+    assert result.returncode == 2 and message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_say_nothing_is_an_error(tmp_path: Path, offline_env):
+    result = run(["say", "   ", "-o", str(tmp_path / "x.wav")], offline_env)
+    assert result.returncode == 2 and "empty text" in result.stderr
+
+
+def test_bench_tts_prints_json_last(offline_env):
+    result = run(["bench", "tts", "--sessions", "1", "--quick"], offline_env)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["first_audio_ms"]["p50"] > 0 and 0 < report["rtf"] < 1
+    assert set(report["sessions"]) == {"1"}

@@ -1,0 +1,124 @@
+"""Streaming TTS with the bundled piper voice."""
+
+import asyncio
+import re
+
+import numpy as np
+import pytest
+
+from audio_io.frame import AudioFrame
+from models.tts import TtsEngine, WordMark
+
+FIRST = "Sure, I can help with that."
+REPLY = f"{FIRST} The weather in Boston tomorrow will be sunny, with a high of seventy degrees."
+
+
+async def collect(tts_engine: TtsEngine, text: str, step: int = 5) -> tuple[list[WordMark], list[AudioFrame]]:
+    stream = tts_engine.stream()
+
+    async def feed() -> None:
+        for i in range(0, len(text), step):
+            stream.push_text(text[i : i + step])
+            await asyncio.sleep(0)
+        stream.end_text()
+
+    feeder = asyncio.create_task(feed())
+    marks: list[WordMark] = []
+    frames: list[AudioFrame] = []
+    async for item in stream.frames():
+        if isinstance(item, WordMark):
+            marks.append(item)
+        else:
+            frames.append(item)
+    await feeder
+    return marks, frames
+
+
+async def test_frames_are_20ms_at_the_voice_rate(tts_engine):
+    _, frames = await collect(tts_engine, REPLY)
+    assert frames and all(f.sample_rate == 22050 and f.num_samples == 441 for f in frames)
+    audio = np.concatenate([f.samples for f in frames])
+    assert np.abs(audio).max() > 3000  # speech, not silence
+
+
+async def test_marks_are_monotonic_and_cover_every_word(tts_engine):
+    marks, frames = await collect(tts_engine, REPLY)
+    words = [(m.start(), m.end()) for m in re.finditer(r"\S+", REPLY)]
+    assert [(m.char_start, m.char_end) for m in marks] == words
+    total = sum(f.num_samples for f in frames)
+    previous_end = 0
+    for mark in marks:
+        assert previous_end <= mark.sample_start <= mark.sample_end <= total
+        previous_end = mark.sample_end
+
+
+async def test_streamed_deltas_give_the_same_audio_as_one_push(tts_engine):
+    _, a = await collect(tts_engine, REPLY, step=3)
+    _, b = await collect(tts_engine, REPLY, step=1000)
+    assert np.array_equal(np.concatenate([f.samples for f in a]), np.concatenate([f.samples for f in b]))
+
+
+async def test_cancel_stops_output_at_once_and_nothing_leaks(tts_engine):
+    stream = tts_engine.stream()
+    stream.push_text(REPLY * 3)
+    stream.end_text()
+    frames_after_cancel = 0
+    received = 0
+    cancelled = False
+    async for item in stream.frames():
+        if cancelled:
+            frames_after_cancel += 1
+        if isinstance(item, AudioFrame):
+            received += 1
+            if received == 5:
+                stream.cancel()
+                cancelled = True
+    assert cancelled and frames_after_cancel == 0
+    # the engine dropped the queued phrases: a new stream is served promptly and correctly
+    marks, frames = await collect(tts_engine, "Okay.")
+    assert len(marks) == 1 and frames
+
+
+async def test_first_phrases_jump_the_queue(tts_engine):
+    sentence = "This is a long sentence that keeps the engine busy. "
+    busy = tts_engine.stream()
+    busy.push_text(sentence * 6)  # phrases queued: "This is a long", then whole sentences
+    quick = tts_engine.stream()
+    quick.push_text("Yes. ")
+    quick.end_text()
+    events: list[tuple[str, int]] = []
+
+    async def watch(name: str, stream) -> None:
+        async for item in stream.frames():
+            if isinstance(item, WordMark):
+                events.append((name, item.char_start))
+            elif name == "quick":
+                events.append(("quick-audio", 0))
+                return
+
+    await asyncio.gather(watch("busy", busy), watch("quick", quick), _cancel_later(busy))
+    quick_at = events.index(("quick-audio", 0))
+    # before quick's audio, busy got at most its first phrase and the one already in synthesis
+    busy_marks_before = [c for name, c in events[:quick_at] if name == "busy"]
+    assert max(busy_marks_before, default=0) < 2 * len(sentence)
+
+
+async def _cancel_later(stream) -> None:
+    await asyncio.sleep(2.0)
+    stream.cancel()
+
+
+async def test_empty_and_odd_text(tts_engine):
+    marks, frames = await collect(tts_engine, "")
+    assert marks == [] and frames == []
+    marks, frames = await collect(tts_engine, "... !!! ???")
+    assert all(isinstance(f, AudioFrame) for f in frames)
+    marks, frames = await collect(tts_engine, "Zażółć gęślą jaźń 🙂 <script>alert(1)</script>")
+    assert tts_engine._thread.is_alive()
+
+
+async def test_push_after_end_is_a_bug(tts_engine):
+    stream = tts_engine.stream()
+    stream.end_text()
+    with pytest.raises(AssertionError, match="after end_text"):
+        stream.push_text("more")

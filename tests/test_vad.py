@@ -1,0 +1,92 @@
+"""Silero VAD engine with the bundled model, on speech synthesized by our own TTS."""
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from models.vad import VadConfig, VadEventKind
+
+GAPS = [0.5, 0.8, 1.2, 0.7, 1.0, 0.6]  # seconds of silence before each utterance (and after the last)
+
+
+def timeline(speech_set, count: int = 5) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    parts, truth, position = [], [], 0
+    for gap, utterance in zip(GAPS, speech_set[:count], strict=False):
+        silence = np.zeros(int(gap * 16000), np.int16)
+        parts += [silence, utterance.audio]
+        start, end = utterance.voiced
+        truth.append((position + silence.size + start, position + silence.size + end))
+        position += silence.size + utterance.audio.size
+    parts.append(np.zeros(int(GAPS[-1] * 16000), np.int16))
+    return np.concatenate(parts), truth
+
+
+async def run_vad(vad_engine, audio: np.ndarray, chunk: int, config: VadConfig | None = None) -> list:
+    stream = vad_engine.stream(config)
+    events = []
+    for i in range(0, audio.size, chunk):
+        events += await stream.push(audio[i : i + chunk])
+    return events
+
+
+async def test_speech_segments_within_60ms_of_the_truth(vad_engine, speech_set):
+    audio, truth = timeline(speech_set)
+    events = await run_vad(vad_engine, audio, 320)
+    starts = [e.position for e in events if e.kind is VadEventKind.SPEECH_START]
+    ends = [e.position for e in events if e.kind is VadEventKind.SPEECH_END]
+    assert len(starts) == len(ends) == len(truth), events
+    for (start, end), (true_start, true_end) in zip(zip(starts, ends, strict=True), truth, strict=True):
+        assert abs(start - true_start) <= 0.060 * 16000, (start / 16000, true_start / 16000)
+        assert abs(end - true_end) <= 0.060 * 16000, (end / 16000, true_end / 16000)
+
+
+@pytest.mark.parametrize("chunk", [160, 512, 777, 16000])
+async def test_chunking_does_not_change_the_events(vad_engine, speech_set, chunk):
+    audio, _ = timeline(speech_set, 2)
+    assert await run_vad(vad_engine, audio, chunk) == await run_vad(vad_engine, audio, 320)
+
+
+async def test_a_pause_is_announced_before_the_end_at_the_same_position(vad_engine, speech_set):
+    audio, _ = timeline(speech_set, 1)
+    events = await run_vad(vad_engine, audio, 320)
+    kinds = [e.kind for e in events]
+    assert kinds[0] is VadEventKind.SPEECH_START and kinds[-1] is VadEventKind.SPEECH_END
+    pause = [e for e in events if e.kind is VadEventKind.PAUSE][-1]
+    assert pause.position == events[-1].position
+
+
+async def test_min_speech_filters_short_blips(vad_engine, speech_set):
+    word = speech_set[3].audio  # "No, thanks." (~0.9 s)
+    audio = np.concatenate([np.zeros(8000, np.int16), word, np.zeros(16000, np.int16)])
+    assert [e for e in await run_vad(vad_engine, audio, 320, VadConfig(min_speech_ms=2000))] == []
+    assert await run_vad(vad_engine, audio, 320, VadConfig(min_speech_ms=96))
+
+
+async def test_silence_and_zeros_give_no_events(vad_engine):
+    assert await run_vad(vad_engine, np.zeros(32000, np.int16), 320) == []
+    assert await vad_engine.stream().push(np.zeros(0, np.int16)) == []
+
+
+async def test_sessions_are_batched_and_independent(vad_engine, speech_set):
+    audio, _ = timeline(speech_set, 2)
+    batches_before, windows_before = vad_engine.batches_run, vad_engine.windows_run
+    alone = await run_vad(vad_engine, audio, 320)
+    together = await asyncio.gather(*(run_vad(vad_engine, audio, 320) for _ in range(4)))
+    assert all(events == alone for events in together)
+    windows = vad_engine.windows_run - windows_before
+    batches = vad_engine.batches_run - batches_before
+    assert batches < windows * 0.6  # the four concurrent streams shared batches
+
+
+async def test_bad_input_is_refused_and_the_engine_lives_on(vad_engine, speech_set):
+    stream = vad_engine.stream()
+    with pytest.raises(TypeError, match="int16"):
+        await stream.push(np.zeros(512, np.float32))
+    with pytest.raises(ValueError, match="threshold"):
+        VadConfig(threshold=1.5)
+    clipped = np.where(np.random.default_rng(0).standard_normal(48000) > 0, 32767, -32768).astype(np.int16)
+    await run_vad(vad_engine, clipped, 320)  # whatever it decides, it decides
+    audio, truth = timeline(speech_set, 1)
+    events = await run_vad(vad_engine, audio, 320)
+    assert len([e for e in events if e.kind is VadEventKind.SPEECH_END]) == len(truth)
