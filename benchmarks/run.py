@@ -1,10 +1,10 @@
 """`make bench`: every benchmark, results as JSON (and plots) in benchmarks/results/."""
 
-from benchmarks import bench_audio_core, bench_prepare
+from benchmarks import bench_audio_core, bench_prepare, bench_speech
 
 
 def main() -> None:
-    for bench in (bench_audio_core, bench_prepare):
+    for bench in (bench_audio_core, bench_prepare, bench_speech):
         print(f"== {bench.__name__}", flush=True)
         bench.main()
 

@@ -148,3 +148,20 @@ async def test_a_garbage_session_does_not_disturb_another(vad_engine, asr_engine
     )
     assert word_errors(speech_set[0].text, finals(good))[0] <= 1
     assert asr_engine._thread.is_alive() and vad_engine._thread.is_alive()
+
+
+@pytest.mark.slow
+async def test_overload_thins_partials_but_keeps_every_final(vad_engine, asr_engine, speech_set):
+    # Eight callers at once, fed as fast as the loop allows: far more than real time.
+    utterances = [speech_set[i] for i in (0, 4, 6, 8, 9, 12, 13, 16)]
+    passes_before = asr_engine.passes
+    runs = await asyncio.gather(
+        *(listen(vad_engine, asr_engine, u.audio, lockstep=False) for u in utterances)
+    )
+    for utterance, events in zip(utterances, runs, strict=True):
+        assert [e.kind for e in events].count(ListenEventKind.FINAL) == 1
+        assert word_errors(utterance.text, finals(events))[0] <= 2, finals(events)
+    audio_s = sum(u.audio.size for u in utterances) / 16000
+    partials = sum(1 for events in runs for e in events if e.kind is ListenEventKind.PARTIAL)
+    assert partials < audio_s * 2 * 0.5  # fewer than half of the every-500-ms partials
+    assert asr_engine.passes - passes_before >= len(utterances)

@@ -1,0 +1,77 @@
+"""Speech stages: `duplex bench asr` and `duplex bench tts`, saved with plots."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+from benchmarks.common import plot_path, write_result
+
+
+def _bench(stage: str) -> dict[str, Any]:
+    env = os.environ | {"HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "duplex", "bench", stage], env=env, capture_output=True, text=True, check=True
+    )
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def _plot_asr(result: dict[str, Any]) -> None:
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    sessions = list(result["sessions"])
+    classes = list(result["final_latency_ms"])
+    width = 0.8 / len(sessions)
+    for i, n in enumerate(sessions):
+        run = result["sessions"][n]
+        p50 = [run["final_compute_ms"][c]["p50"] or 0 for c in classes]
+        latency = [run["final_latency_ms"][c]["p95"] or 0 for c in classes]
+        xs = [k + i * width for k in range(len(classes))]
+        ax.bar(xs, p50, width, label=f"{n} sessions: final pass compute p50")
+        ax.plot(xs, latency, "k_", markersize=14)
+    ax.axhline(150, color="red", linestyle="--", label="goal: final ready 150 ms after end of speech")
+    ax.set_xticks([k + 0.4 - width / 2 for k in range(len(classes))], classes)
+    ax.set_ylabel("ms")
+    ax.set_title("ASR final: pass compute (bars), end-of-speech to final p95 (ticks)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(plot_path("asr"))
+    plt.close(fig)
+
+
+def _plot_tts(result: dict[str, Any]) -> None:
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    for n, run in result["sessions"].items():
+        by_words = run["first_audio_ms_by_first_phrase_words"]
+        ax.plot(
+            [int(w) for w in by_words], [v["p50"] for v in by_words.values()], "o-", label=f"{n} sessions"
+        )
+    ax.axhline(80, color="red", linestyle="--", label="goal: 80 ms p50")
+    ax.set_xlabel("words in the first phrase")
+    ax.set_ylabel("first audio after first phrase (ms, p50)")
+    ax.set_title("TTS first-audio latency")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(plot_path("tts"))
+    plt.close(fig)
+
+
+def main() -> None:
+    asr = _bench("asr")
+    print(write_result("asr", asr))
+    _plot_asr(asr)
+    tts = _bench("tts")
+    print(write_result("tts", tts))
+    _plot_tts(tts)
+
+
+if __name__ == "__main__":
+    main()
