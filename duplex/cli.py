@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.add_argument("--no-progress", action="store_true", help="no progress bar")
     prepare.add_argument("--verify", action="store_true", help="also load the LLM in vLLM and chat once")
     transcribe = sub.add_parser("transcribe", help="print the transcript of a WAV file")
-    _add_config_flags(transcribe, ("asr", "vad", "log_level"))
+    _add_config_flags(transcribe, ("asr", "vad", "asr_workers", "log_level"))
     transcribe.add_argument("file", type=Path, help="WAV file (PCM or float, any rate)")
     transcribe.add_argument(
         "--partials", action="store_true", help="stream it through VAD and streaming ASR; partials to stderr"
@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     say.add_argument("--rate", type=int, default=None, help="sample rate of the WAV (default: the voice's)")
     say.add_argument("--deterministic", action="store_true", help="no generator noise: same audio every time")
     bench = sub.add_parser("bench", help="measure a stage; prints one JSON object as its last line")
-    _add_config_flags(bench, ("asr", "vad", "voice", "log_level"))
+    _add_config_flags(bench, ("asr", "vad", "voice", "asr_workers", "log_level"))
     bench.add_argument("stage", choices=("asr", "tts"))
     bench.add_argument("--sessions", default="1,4,8", help="concurrent sessions to measure, comma-separated")
     bench.add_argument("--quick", action="store_true", help="fewer repetitions (for smoke tests)")

@@ -49,6 +49,7 @@ class Config:
     llm_dtype: str = _opt(
         "auto", "LLM weights dtype in vLLM (auto: float32 on CPU, bfloat16 on GPU)", choices=LLM_DTYPES
     )
+    asr_workers: int = _opt(1, "ASR passes that may run at once (one core each)")
     auth_token: str | None = _opt(
         None, "if set, clients must present this token (Bearer or ?token=)", secret=True
     )
@@ -116,6 +117,8 @@ def _validate(config: Config) -> None:
             ipaddress.ip_address(config.host)
         except ValueError:
             raise ConfigError("host", f"{config.host!r} is not an IP address or localhost") from None
+    if not 1 <= config.asr_workers <= 64:
+        raise ConfigError("asr_workers", "must be within 1-64")
     if config.max_message_bytes < 1024:
         raise ConfigError("max_message_bytes", "must be at least 1024")
     if not 0 < config.shutdown_timeout_s <= 4.5:  # also refuses nan

@@ -31,7 +31,7 @@ def transcribe(config: Config, args: argparse.Namespace) -> int:
         print(f"duplex: error: {e}", file=sys.stderr)
         return 2
     audio = resample(samples, rate, SAMPLE_RATE)
-    asr = AsrEngine(model_path(config, "asr"))
+    asr = AsrEngine(model_path(config, "asr"), workers=config.asr_workers)
     try:
         if args.partials:
             text = asyncio.run(_stream(config, asr, audio))

@@ -17,9 +17,10 @@ reports a pause, the final pass of the utterance so far starts at once; if the p
 becomes the end of speech (``min_silence_ms`` later), that pass is the final and is
 usually done before the end-of-speech event; if speech resumes it is discarded.
 
-One worker thread serves every stream: finals before partials, at most one pending
-partial per stream (a newer request replaces it), so under load partials get rarer and
-finals are never dropped. Model compute never runs on the event loop.
+Worker threads (one by default; ``workers`` for machines with cores to spare) serve
+every stream: finals before partials, at most one pending partial per stream, so under
+load partials get rarer and finals are never dropped. Model compute never runs on
+the event loop.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import numpy as np
 import numpy.typing as npt
 
 from models.agreement import HypWord, LocalAgreement, word_key
+from models.handoff import resolve_from_thread
 
 log = logging.getLogger("duplex.asr")
 
@@ -101,7 +103,12 @@ class _Hypothesis:
 
 class AsrEngine:
     def __init__(
-        self, model_path: str | Path, compute_type: str = "int8", cpu_threads: int = 1, device: str = "cpu"
+        self,
+        model_path: str | Path,
+        compute_type: str = "int8",
+        cpu_threads: int = 1,
+        device: str = "cpu",
+        workers: int = 1,
     ) -> None:
         import ctranslate2
         from faster_whisper import WhisperModel
@@ -110,7 +117,11 @@ class AsrEngine:
         limit_blas_threads()
         self._ct2 = ctranslate2
         self.model = WhisperModel(
-            str(model_path), device=device, compute_type=compute_type, cpu_threads=cpu_threads
+            str(model_path),
+            device=device,
+            compute_type=compute_type,
+            cpu_threads=cpu_threads,
+            num_workers=workers,  # CTranslate2 model replicas: passes that may run at once
         )
         self.tokenizer = Tokenizer(
             self.model.hf_tokenizer, self.model.model.is_multilingual, task="transcribe", language="en"
@@ -123,16 +134,26 @@ class AsrEngine:
         self._seq = itertools.count()
         self.passes = 0
         self.busy_s = 0.0  # worker time spent in passes
-        self._thread = threading.Thread(target=self._work, name="asr-engine", daemon=True)
-        self._thread.start()
+        self._counter_lock = threading.Lock()
+        self._threads = [
+            threading.Thread(target=self._work, name=f"asr-engine-{i}", daemon=True) for i in range(workers)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return all(t.is_alive() for t in self._threads)
 
     def stream(self, partial_interval_ms: int = 500) -> AsrStream:
         return AsrStream(self, partial_interval_ms * SAMPLE_RATE // 1000)
 
     def close(self) -> None:
-        if self._thread.is_alive():
+        """Stop the workers after the passes in progress; idempotent."""
+        for _ in self._threads:
             self._jobs.put((-1, next(self._seq), None))
-            self._thread.join(timeout=10)
+        for thread in self._threads:
+            thread.join(timeout=10)
 
     # -- passes (worker thread, or any thread for one-shot use) --
 
@@ -247,8 +268,9 @@ class AsrEngine:
             except Exception as e:  # a bad pass fails its request, not the engine
                 log.exception("ASR pass failed (%d samples)", job.audio.size)
                 hyp = e
-            self.passes += 1
-            self.busy_s += time.perf_counter() - started
+            with self._counter_lock:
+                self.passes += 1
+                self.busy_s += time.perf_counter() - started
             job.compute_ms = (time.perf_counter() - started) * 1000
             job.deliver(hyp)
 
@@ -281,18 +303,7 @@ class _Job:
         return self.offset + self.audio.size
 
     def deliver(self, result: _Hypothesis | BaseException) -> None:
-        def resolve() -> None:
-            if self.future.done():
-                return
-            if isinstance(result, BaseException):
-                self.future.set_exception(result)
-            else:
-                self.future.set_result(result)
-
-        try:
-            self.loop.call_soon_threadsafe(resolve)
-        except RuntimeError:
-            pass  # loop closed
+        resolve_from_thread(self.loop, self.future, result)
 
 
 class AsrStream:

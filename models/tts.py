@@ -34,6 +34,7 @@ import numpy as np
 import numpy.typing as npt
 
 from audio_io.frame import AudioFrame
+from models.handoff import resolve_from_thread
 from models.phrases import Phrase, PhraseSplitter
 
 log = logging.getLogger("duplex.tts")
@@ -93,6 +94,10 @@ class TtsEngine:
         self.audio_s = 0.0
         self._thread = threading.Thread(target=self._work, name="tts-engine", daemon=True)
         self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
 
     def close(self) -> None:
         """Stop the worker after the phrase in progress; idempotent."""
@@ -161,18 +166,7 @@ class _Job:
         self.future = self.loop.create_future()
 
     def deliver(self, result: Synthesis | BaseException) -> None:
-        def set_result() -> None:
-            if self.future.done():
-                return
-            if isinstance(result, BaseException):
-                self.future.set_exception(result)
-            else:
-                self.future.set_result(result)
-
-        try:
-            self.loop.call_soon_threadsafe(set_result)
-        except RuntimeError:
-            pass  # the loop is closed: nobody is waiting
+        resolve_from_thread(self.loop, self.future, result)
 
 
 class TtsStream:

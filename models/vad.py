@@ -35,6 +35,8 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from models.handoff import resolve_from_thread
+
 log = logging.getLogger("duplex.vad")
 
 SAMPLE_RATE = 16000
@@ -148,13 +150,8 @@ class VadStream:
 
     def _finish(self) -> None:
         events, self._events = self._events, []
-        waiter = self._waiter
-
-        def resolve() -> None:
-            if waiter is not None and not waiter.done():
-                waiter.set_result(events)
-
-        self._loop.call_soon_threadsafe(resolve)
+        if self._waiter is not None:
+            resolve_from_thread(self._loop, self._waiter, events)
 
 
 @dataclass
@@ -192,6 +189,10 @@ class VadEngine:
                 raise RuntimeError("VAD engine is closed")
             self._streams.add(stream)
             self._lock.notify()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
 
     def close(self) -> None:
         with self._lock:

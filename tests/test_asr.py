@@ -125,7 +125,7 @@ async def test_bad_audio_gives_a_clear_result_or_error(asr_engine, vad_engine):
     with pytest.raises(TypeError, match="int16"):
         stream.push(np.zeros(320, np.float32))
     assert (await stream.finish(0)).text == ""  # an empty utterance
-    assert asr_engine._thread.is_alive() and vad_engine._thread.is_alive()
+    assert asr_engine.alive and vad_engine.alive
 
 
 @pytest.mark.slow
@@ -147,7 +147,7 @@ async def test_a_garbage_session_does_not_disturb_another(vad_engine, asr_engine
         listen(vad_engine, asr_engine, speech_set[0].audio, lockstep=False), garbage()
     )
     assert word_errors(speech_set[0].text, finals(good))[0] <= 1
-    assert asr_engine._thread.is_alive() and vad_engine._thread.is_alive()
+    assert asr_engine.alive and vad_engine.alive
 
 
 @pytest.mark.slow

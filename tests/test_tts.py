@@ -114,7 +114,7 @@ async def test_empty_and_odd_text(tts_engine):
     marks, frames = await collect(tts_engine, "... !!! ???")
     assert all(isinstance(f, AudioFrame) for f in frames)
     marks, frames = await collect(tts_engine, "Zażółć gęślą jaźń 🙂 <script>alert(1)</script>")
-    assert tts_engine._thread.is_alive()
+    assert tts_engine.alive
 
 
 async def test_push_after_end_is_a_bug(tts_engine):

@@ -110,7 +110,7 @@ async def _run(
 
 def bench_asr(config: Config, sessions: list[int], quick: bool = False) -> dict[str, Any]:
     tts = TtsEngine(model_path(config, "voice"), deterministic=True)
-    asr = AsrEngine(model_path(config, "asr"))
+    asr = AsrEngine(model_path(config, "asr"), workers=config.asr_workers)
     vad = VadEngine(model_path(config, "vad"))
     try:
         clips = {
