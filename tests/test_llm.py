@@ -1,0 +1,171 @@
+"""The AR stage with real vLLM on CPU and the default model (one engine per test session)."""
+
+import asyncio
+import time
+
+import pytest
+
+from models.conversation import MAX_USER_CHARS, Conversation
+from models.llm import LlmError
+
+pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
+
+BLOCK = 32  # the CPU KV cache's block: prefix reuse is this granular
+
+
+async def say(conversation: Conversation, text: str | bytes) -> str:
+    return "".join([delta async for delta in conversation.reply(text)])
+
+
+def template_tokens(conversation: Conversation, generation_prompt: bool = False) -> list[int]:
+    ids = conversation.engine.tokenizer.apply_chat_template(
+        conversation.messages(), tokenize=True, add_generation_prompt=generation_prompt
+    )
+    return list(ids if isinstance(ids, list) else ids["input_ids"])
+
+
+async def test_a_reply_streams_and_is_correct(llm_engine):
+    conversation = Conversation(llm_engine)
+    deltas = [d async for d in conversation.reply("What is the capital of France?")]
+    assert len(deltas) > 1 and "Paris" in "".join(deltas)
+    assert conversation.last.first_token_s is not None
+
+
+async def test_later_turns_prefill_only_their_new_tokens(llm_engine):
+    conversation = Conversation(llm_engine)
+    questions = [
+        "Hi!",
+        "What is the capital of France?",
+        "And Spain?",
+        "What about Italy?",
+        "Thanks.",
+        "Name a color.",
+        "Another one?",
+        "What is two plus two?",
+        "Say yes.",
+        "Goodbye!",
+    ]
+    for n, question in enumerate(questions):
+        before = len(conversation.history_tokens())
+        await say(conversation, question)
+        stats = conversation.last
+        new_tokens = stats.prompt_tokens - before
+        if n > 0:
+            # vLLM's own count: everything up to the last whole block of the previous
+            # history came from the cache; what is prefilled is the new turn plus the
+            # tail of that block
+            assert stats.cached_tokens >= before - BLOCK + 1, (n, stats, before)
+            assert stats.prefilled_tokens <= new_tokens + BLOCK - 1, (n, stats, new_tokens)
+
+
+WORDS_40 = (
+    "I am planning a trip to Italy next summer with my whole family and we would love to see Rome "
+    "and the old town of Florence, but my mother cannot walk very far, so could you suggest a calm "
+    "route with short days and"
+)
+
+
+async def test_incremental_prefill_leaves_only_the_tail(llm_engine):
+    ending = " good hotels near the train stations?"
+    without = Conversation(llm_engine)
+    await say(without, "Hello there.")
+    await say(without, WORDS_40 + ending)
+    conversation = Conversation(llm_engine)
+    await say(conversation, "Hello there.")
+    partial = ""
+    for word in WORDS_40.split():  # committed words arriving while the caller speaks
+        partial = f"{partial} {word}".strip()
+        await conversation.prefill(partial)
+    await say(conversation, WORDS_40 + ending)
+    stats = conversation.last
+    tail = len(conversation.format.encode(ending)) + len(conversation.format.user_close())
+    assert stats.prefilled_tokens <= tail + BLOCK - 1, stats
+    assert stats.prefilled_tokens < without.last.prefilled_tokens / 2, (stats, without.last)
+    assert conversation.turns[-1].reply_text == without.turns[-1].reply_text
+
+
+async def test_a_revised_prefill_gives_the_same_reply_as_a_fresh_request(llm_engine):
+    revised = Conversation(llm_engine)
+    await revised.prefill("Please book a tape for")
+    reply_revised = await say(revised, "Please book a table for two tonight.")
+    fresh = Conversation(llm_engine)
+    assert reply_revised == await say(fresh, "Please book a table for two tonight.")
+    assert revised.history_tokens() == fresh.history_tokens()
+
+
+async def test_abort_stops_the_stream_at_once_and_the_conversation_goes_on(llm_engine):
+    conversation = Conversation(llm_engine)
+    received = 0
+    stopped_after: float | None = None
+    aborted_at = 0.0
+    async for _ in conversation.reply("Tell me a very long story about a dragon who bakes bread."):
+        received += 1
+        if received == 3:
+            aborted_at = time.perf_counter()
+            await conversation.abort()
+    stopped_after = time.perf_counter() - aborted_at
+    assert received <= 4  # at most the delta already in flight
+    assert stopped_after < 0.010
+    assert "Paris" in await say(conversation, "What is the capital of France?")
+
+
+async def test_truncation_makes_the_next_prompt_exactly_the_cut_history(llm_engine):
+    conversation = Conversation(llm_engine)
+    reply = await say(conversation, "Tell me about the weather in Paris in spring.")
+    heard = reply[: len(reply) // 2]
+    conversation.truncate(heard)
+    assert conversation.turns[-1].reply_text == heard.rstrip()
+    assert conversation.history_tokens() == template_tokens(conversation)  # token for token
+    await say(conversation, "Go on.")
+    assert conversation.last.prompt_tokens == len(template_tokens(conversation)) - len(
+        conversation.turns[-1].reply_tokens
+    ) - len(conversation.format.assistant_close())
+    assert conversation.messages()[2]["content"] == heard.rstrip()
+
+
+async def test_concurrent_sessions_never_see_each_others_text(llm_engine):
+    questions = ["What is the capital of France?", "What is the capital of Japan?"]
+    alone = [await say(Conversation(llm_engine), q) for q in questions]
+    together = await asyncio.gather(*(say(Conversation(llm_engine), q) for q in questions))
+    assert together == alone
+    assert "Paris" in together[0] and "Tokyo" in together[1]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "empty"),
+        ("   \n", "empty"),
+        ("x" * 20_000, "exceeds"),
+        (b"caf\xc3 au lait", "not valid UTF-8"),
+        ("broken \udce9 surrogate", "not valid UTF-8"),
+    ],
+)
+async def test_bad_user_text_is_a_clear_error_for_that_session_only(llm_engine, text, message):
+    conversation = Conversation(llm_engine)
+    with pytest.raises(LlmError, match=message):
+        await say(conversation, text)
+    assert conversation.turns == []
+    assert "Paris" in await say(conversation, "What is the capital of France?")
+
+
+async def test_a_turn_too_big_for_the_context_is_refused_and_others_carry_on(llm_engine):
+    conversation = Conversation(llm_engine)
+    huge = " ".join(["lorem ipsum dolor sit amet"] * (MAX_USER_CHARS // 27))
+    conversation.system_prompt = huge  # a system prompt alone filling the context
+    conversation._system = conversation.format.system(huge * 2)
+    with pytest.raises(LlmError, match="tokens"):
+        await say(conversation, "Hello?")
+    assert "Paris" in await say(Conversation(llm_engine), "What is the capital of France?")
+
+
+async def test_long_sessions_drop_the_oldest_turns(llm_engine):
+    conversation = Conversation(llm_engine)
+    filler = "Please remember this sentence about nothing in particular, it is only here to take room. " * 8
+    for i in range(12):
+        await say(conversation, f"{filler} Turn {i}.")
+        limit = llm_engine.config.max_model_len
+        assert len(conversation.history_tokens()) < limit
+    assert conversation.dropped_turns > 0
+    assert conversation.messages()[0]["role"] == "system"
+    assert conversation.history_tokens() == template_tokens(conversation)
