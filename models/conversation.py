@@ -106,6 +106,10 @@ class Conversation:
             ]
         return out
 
+    def prompt_for(self, user_text: str) -> list[int]:
+        """The prompt a turn with this text would send (nothing is recorded)."""
+        return self._prompt(self.format.encode(check_user_text(user_text)))
+
     def _prompt(self, user_tokens: list[int], close: bool = True) -> list[int]:
         return self.history_tokens() + self._user_open + user_tokens + (self._user_close if close else [])
 

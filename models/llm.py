@@ -56,8 +56,9 @@ class Delta:
 
 
 class LlmEngine:
-    def __init__(self, config: LlmConfig) -> None:
+    def __init__(self, config: LlmConfig, prefix_caching: bool = True) -> None:
         self.config = config
+        self.prefix_caching = prefix_caching  # off only to measure what it saves
         self._engine: Any = None
         self.tokenizer: Any = None
         self.is_cpu = True
@@ -77,7 +78,7 @@ class LlmEngine:
             dtype=resolve_dtype(self.config.dtype),  # type: ignore[arg-type]
             max_model_len=self.config.max_model_len,
             enforce_eager=self.config.enforce_eager,
-            enable_prefix_caching=True,
+            enable_prefix_caching=self.prefix_caching,
             gpu_memory_utilization=self.config.gpu_memory_fraction,
             disable_log_stats=True,
             seed=0,
@@ -93,7 +94,11 @@ class LlmEngine:
         return self._engine is not None
 
     async def generate(
-        self, request_id: str, prompt_token_ids: list[int], max_tokens: int | None = None
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        max_tokens: int | None = None,
+        ignore_eos: bool = False,
     ) -> AsyncIterator[Delta]:
         """Stream a reply; closing the iterator early aborts the request in vLLM."""
         from vllm import SamplingParams
@@ -108,6 +113,7 @@ class LlmEngine:
             max_tokens=max_tokens or self.config.max_tokens,
             temperature=self.config.temperature,
             output_kind=RequestOutputKind.DELTA,
+            ignore_eos=ignore_eos,
         )
         # vLLM may modify the prompt list in place: give it a copy
         stream = self._engine.generate({"prompt_token_ids": list(prompt_token_ids)}, params, request_id)

@@ -10,7 +10,11 @@ from duplex.config import Config
 
 def run_bench(config: Config, args: argparse.Namespace) -> int:
     sessions = [int(n) for n in args.sessions.split(",") if n.strip()]
-    if args.stage == "asr":
+    if args.stage == "ar":
+        from duplex.bench.ar import bench_ar
+
+        result = bench_ar(config, sessions, quick=args.quick)
+    elif args.stage == "asr":
         from duplex.bench.asr import bench_asr
 
         result = bench_asr(config, sessions, quick=args.quick)

@@ -1,0 +1,39 @@
+"""AR stage: `duplex bench ar`, saved with a plot of time to first token by turn."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+from benchmarks.common import plot_path, write_result
+
+
+def main() -> None:
+    env = os.environ | {"HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "duplex", "bench", "ar"], env=env, capture_output=True, text=True, check=True
+    )
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    print(write_result("ar", result))
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    for key, label in (("prefix_on", "prefix cache on"), ("prefix_off", "prefix cache off")):
+        values = result["ttft_ms_by_turn"][key]
+        ax.plot(range(1, len(values) + 1), values, "o-", label=label)
+    ax.set_xlabel("turn")
+    ax.set_ylabel("time to first token (ms)")
+    ax.set_title("AR stage: TTFT over a 20-turn conversation (CPU, SmolLM2-135M)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(plot_path("ar_ttft"))
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
