@@ -4,6 +4,7 @@ import asyncio
 import time
 
 import pytest
+import pytest_asyncio
 
 from models.conversation import MAX_USER_CHARS, Conversation
 from models.llm import LlmError
@@ -169,3 +170,31 @@ async def test_long_sessions_drop_the_oldest_turns(llm_engine):
     assert conversation.dropped_turns > 0
     assert conversation.messages()[0]["role"] == "system"
     assert conversation.history_tokens() == template_tokens(conversation)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def small_engine(llm_engine):
+    """A second engine whose KV cache holds only 1,280 tokens: memory pressure on demand."""
+    from models.llm import LlmConfig, LlmEngine
+
+    engine = LlmEngine(
+        LlmConfig(model=llm_engine.config.model, max_model_len=1024, max_tokens=24, kv_blocks=40)
+    )
+    await engine.start()
+    yield engine
+    engine.shutdown()
+
+
+async def test_idle_sessions_lose_their_kv_first_and_still_work(small_engine):
+    filler = "Here is some background that takes room in the cache and means nothing at all. " * 18
+    conversations = [Conversation(small_engine) for _ in range(4)]
+    for i, conversation in enumerate(conversations):  # 4 x ~380 tokens > 1,280 in the cache
+        await say(conversation, f"Session {i}. {filler} Say hello.")  # no shared prefix
+    oldest, newest = conversations[0], conversations[-1]
+    history_newest = len(newest.history_tokens())
+    await say(newest, "Thanks.")
+    assert newest.last.cached_tokens >= history_newest - BLOCK + 1  # recent: still cached
+    history_oldest = len(oldest.history_tokens())
+    reply = await say(oldest, "What is the capital of France?")
+    assert oldest.last.cached_tokens < history_oldest - BLOCK  # idle: evicted, re-prefilled
+    assert "Paris" in reply
