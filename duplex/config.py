@@ -14,7 +14,10 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from models.llm import LlmConfig
 
 ENV_PREFIX = "DUPLEX_"
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -49,6 +52,12 @@ class Config:
     llm_dtype: str = _opt(
         "auto", "LLM weights dtype in vLLM (auto: float32 on CPU, bfloat16 on GPU)", choices=LLM_DTYPES
     )
+    llm_kv_cache_gib: float = _opt(1.0, "KV cache size on CPU, GiB (VLLM_CPU_KVCACHE_SPACE)")
+    llm_gpu_memory_fraction: float = _opt(0.5, "share of GPU memory vLLM may take, on GPUs")
+    llm_max_context: int = _opt(4096, "tokens of conversation the LLM keeps (older turns are dropped)")
+    llm_max_tokens: int = _opt(96, "longest reply in tokens (spoken replies are short)")
+    llm_temperature: float = _opt(0.0, "sampling temperature (0: greedy)")
+    system_prompt: str | None = _opt(None, "the assistant's instructions (default: a brief voice assistant)")
     asr_workers: int = _opt(1, "ASR passes that may run at once (one core each)")
     auth_token: str | None = _opt(
         None, "if set, clients must present this token (Bearer or ?token=)", secret=True
@@ -63,6 +72,21 @@ class Config:
     def host_for_url(self) -> str:
         """The host as it appears in a URL or a gRPC address (IPv6 in brackets)."""
         return f"[{self.host}]" if ":" in self.host else self.host
+
+    def llm_config(self, model_path: str) -> LlmConfig:
+        """The AR stage's settings, for a prepared model directory."""
+        from models.llm import DEFAULT_SYSTEM_PROMPT, LlmConfig
+
+        return LlmConfig(
+            model=model_path,
+            dtype=self.llm_dtype,
+            kv_cache_gib=self.llm_kv_cache_gib,
+            gpu_memory_fraction=self.llm_gpu_memory_fraction,
+            max_model_len=self.llm_max_context,
+            max_tokens=self.llm_max_tokens,
+            temperature=self.llm_temperature,
+            system_prompt=self.system_prompt if self.system_prompt is not None else DEFAULT_SYSTEM_PROMPT,
+        )
 
     def redacted(self) -> dict[str, Any]:
         """The config as a dict with secrets masked, for logs."""
@@ -117,6 +141,16 @@ def _validate(config: Config) -> None:
             ipaddress.ip_address(config.host)
         except ValueError:
             raise ConfigError("host", f"{config.host!r} is not an IP address or localhost") from None
+    if not 0 < config.llm_kv_cache_gib <= 1024:
+        raise ConfigError("llm_kv_cache_gib", "must be within (0, 1024]")
+    if not 0 < config.llm_gpu_memory_fraction <= 1:
+        raise ConfigError("llm_gpu_memory_fraction", "must be within (0, 1]")
+    if not 256 <= config.llm_max_context <= 1 << 20:
+        raise ConfigError("llm_max_context", "must be within 256-1048576")
+    if not 1 <= config.llm_max_tokens < config.llm_max_context // 2:
+        raise ConfigError("llm_max_tokens", "must be at least 1 and under half of llm_max_context")
+    if not 0 <= config.llm_temperature <= 2:
+        raise ConfigError("llm_temperature", "must be within [0, 2]")
     if not 1 <= config.asr_workers <= 64:
         raise ConfigError("asr_workers", "must be within 1-64")
     if config.max_message_bytes < 1024:

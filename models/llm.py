@@ -72,8 +72,8 @@ class LlmEngine:
         from models.verify import resolve_dtype
 
         self.is_cpu = current_platform.is_cpu()
-        if self.is_cpu:
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{self.config.kv_cache_gib:g}")
+        if self.is_cpu:  # read by vLLM's worker process, which inherits the environment
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = f"{self.config.kv_cache_gib:g}"
         args = AsyncEngineArgs(
             model=self.config.model,
             dtype=resolve_dtype(self.config.dtype),  # type: ignore[arg-type]

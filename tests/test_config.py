@@ -145,3 +145,32 @@ def test_shutdown_timeout_must_fit_the_5s_promise(value):
 def test_ipv6_hosts_are_bracketed_in_addresses():
     assert load_config(None, {}, {"host": "::1"}).host_for_url == "[::1]"
     assert Config().host_for_url == "127.0.0.1"
+
+
+def test_llm_settings_reach_the_engine_config():
+    config = load_config(
+        None,
+        {"DUPLEX_LLM_MAX_CONTEXT": "2048", "DUPLEX_SYSTEM_PROMPT": "Be terse."},
+        {"llm_temperature": "0.3", "llm_kv_cache_gib": "2"},
+    )
+    llm = config.llm_config("/models/x")
+    assert (llm.model, llm.max_model_len, llm.temperature, llm.kv_cache_gib) == ("/models/x", 2048, 0.3, 2.0)
+    assert llm.system_prompt == "Be terse."
+    assert "voice assistant" in Config().llm_config("/m").system_prompt
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("llm_max_context", "100"),
+        ("llm_max_tokens", "5000"),
+        ("llm_temperature", "-1"),
+        ("llm_kv_cache_gib", "0"),
+        ("llm_gpu_memory_fraction", "1.5"),
+        ("asr_workers", "0"),
+    ],
+)
+def test_llm_settings_are_checked(key, value):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, {}, {key: value})
+    assert info.value.key == key

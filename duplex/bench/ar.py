@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -110,8 +111,8 @@ async def _abort(engine: LlmEngine, runs: int = 5) -> list[float]:
     return out
 
 
-async def _measure(model: str, sessions: list[int], prefix_caching: bool, quick: bool) -> dict[str, Any]:
-    engine = LlmEngine(LlmConfig(model=model, max_model_len=4096, max_tokens=48), prefix_caching)
+async def _measure(llm: LlmConfig, sessions: list[int], prefix_caching: bool, quick: bool) -> dict[str, Any]:
+    engine = LlmEngine(replace(llm, max_tokens=48), prefix_caching)
     started = time.perf_counter()
     await engine.start()
     result: dict[str, Any] = {"startup_s": round(time.perf_counter() - started, 1)}
@@ -132,8 +133,9 @@ def bench_ar(config: Config, sessions: list[int], quick: bool = False) -> dict[s
     cache = default_cache_dir() if config.cache_dir is None else Path(config.cache_dir)
     configure_engine_caches(cache)
     model = prepare([ModelChoice("llm", config.llm)], cache, progress=False)[0].path
-    on = asyncio.run(_measure(model, sessions, True, quick))
-    off = asyncio.run(_measure(model, sessions, False, quick))
+    llm = config.llm_config(model)
+    on = asyncio.run(_measure(llm, sessions, True, quick))
+    off = asyncio.run(_measure(llm, sessions, False, quick))
     ttft_on, ttft_off = on["ttft_ms_by_turn"], off["ttft_ms_by_turn"]
     return {
         "ttft_ms_by_turn": {"prefix_on": ttft_on, "prefix_off": ttft_off},
