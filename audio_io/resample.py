@@ -18,6 +18,7 @@ import numpy.typing as npt
 import soxr
 
 from audio_io.frame import AudioFrame
+from audio_io.pcm import pcm16_to_float
 
 Int16Array = npt.NDArray[np.int16]
 
@@ -33,6 +34,8 @@ def downmix(samples: Int16Array, channels: int) -> Int16Array:
 
 
 def _to_int16(x: npt.NDArray[np.float32]) -> Int16Array:
+    # the exact inverse of pcm16_to_float (x 32768, not 32767), so that resampling at
+    # the same rate, or a filter with unity gain, gives back the same samples
     return np.clip(np.rint(x * 32768.0), -32768, 32767).astype(np.int16)
 
 
@@ -62,8 +65,7 @@ class Resampler:
         """Resample one chunk; with ``last`` the filter tail is flushed too."""
         if self._stream is None:
             return samples
-        x = samples.astype(np.float32) / 32768.0
-        return _to_int16(self._stream.resample_chunk(x, last=last))
+        return _to_int16(self._stream.resample_chunk(pcm16_to_float(samples), last=last))
 
     def flush(self) -> Int16Array:
         """Drain the filter tail at the end of a stream; the resampler is then reset."""

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from audio_io.pcm import float_to_pcm16
 from audio_io.resample import downmix
 
 PCM, FLOAT, EXTENSIBLE = 1, 3, 0xFFFE
@@ -73,7 +74,7 @@ def _decode(
         floats = np.frombuffer(raw, "<f4" if bits == 32 else "<f8")
         if not np.all(np.isfinite(floats)):
             raise WavError(f"{path}: float samples contain NaN or infinity")
-        samples = np.clip(np.rint(floats * 32767.0), -32768, 32767).astype(np.int16)
+        samples = float_to_pcm16(floats)
     else:
         raise WavError(f"{path}: unsupported sample format (tag {tag}, {bits} bit); use PCM or float")
     return downmix(samples, channels), rate

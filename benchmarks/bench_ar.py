@@ -7,12 +7,7 @@ import os
 import subprocess
 import sys
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-
-from benchmarks.common import plot_path, write_result
+from benchmarks.common import new_plot, save_plot, write_result
 
 
 def main() -> None:
@@ -22,17 +17,12 @@ def main() -> None:
     )
     result = json.loads(done.stdout.strip().splitlines()[-1])
     print(write_result("ar", result))
-    fig, ax = plt.subplots(figsize=(7, 3.5))
+    fig, ax = new_plot()
     for key, label in (("prefix_on", "prefix cache on"), ("prefix_off", "prefix cache off")):
         values = result["ttft_ms_by_turn"][key]
         ax.plot(range(1, len(values) + 1), values, "o-", label=label)
-    ax.set_xlabel("turn")
-    ax.set_ylabel("time to first token (ms)")
-    ax.set_title("AR stage: TTFT over a 20-turn conversation (CPU, SmolLM2-135M)")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(plot_path("ar_ttft"))
-    plt.close(fig)
+    title = "AR stage: TTFT over a 20-turn conversation (CPU, SmolLM2-135M)"
+    save_plot(fig, ax, "ar_ttft", title, "time to first token (ms)", xlabel="turn")
 
 
 if __name__ == "__main__":

@@ -6,17 +6,13 @@ import asyncio
 import time
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import numpy as np
 
 from audio_io import g711
 from audio_io.frame import AudioFrame
 from audio_io.pacer import Pacer
 from audio_io.resample import Resampler
-from benchmarks.common import plot_path, write_result
+from benchmarks.common import new_plot, save_plot, write_result
 
 
 async def _busy(stop: asyncio.Event, block_s: float, every_s: float) -> None:
@@ -45,7 +41,7 @@ async def pacer_run(frames: int, busy_tasks: int) -> np.ndarray:
 
 def bench_pacer(frames: int = 500) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    fig, ax = plt.subplots(figsize=(7, 3.5))
+    fig, ax = new_plot()
     for busy in (0, 2):
         t = asyncio.run(pacer_run(frames, busy))
         periods_ms = np.diff(t) * 1000
@@ -60,13 +56,8 @@ def bench_pacer(frames: int = 500) -> dict[str, Any]:
             "max_abs_offset_ms": float(np.abs(offsets_ms).max()),
         }
         ax.plot(offsets_ms, label=f"{busy} busy tasks (4 ms of every 10 ms each)")
-    ax.set_xlabel("frame")
-    ax.set_ylabel("release - ideal grid (ms)")
-    ax.set_title("Pacer: 20 ms frames against a drift-free grid")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(plot_path("pacer"))
-    plt.close(fig)
+    title = "Pacer: 20 ms frames against a drift-free grid"
+    save_plot(fig, ax, "pacer", title, "release - ideal grid (ms)", xlabel="frame")
     return out
 
 

@@ -8,12 +8,7 @@ import subprocess
 import sys
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-
-from benchmarks.common import plot_path, write_result
+from benchmarks.common import new_plot, save_plot, write_result
 
 
 def _bench(stage: str) -> dict[str, Any]:
@@ -26,7 +21,7 @@ def _bench(stage: str) -> dict[str, Any]:
 
 
 def _plot_asr(result: dict[str, Any]) -> None:
-    fig, ax = plt.subplots(figsize=(7, 3.5))
+    fig, ax = new_plot()
     sessions = list(result["sessions"])
     classes = list(result["final_latency_ms"])
     width = 0.8 / len(sessions)
@@ -39,29 +34,20 @@ def _plot_asr(result: dict[str, Any]) -> None:
         ax.plot(xs, latency, "k_", markersize=14)
     ax.axhline(150, color="red", linestyle="--", label="goal: final ready 150 ms after end of speech")
     ax.set_xticks([k + 0.4 - width / 2 for k in range(len(classes))], classes)
-    ax.set_ylabel("ms")
-    ax.set_title("ASR final: pass compute (bars), end-of-speech to final p95 (ticks)")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(plot_path("asr"))
-    plt.close(fig)
+    title = "ASR final: pass compute (bars), end-of-speech to final p95 (ticks)"
+    save_plot(fig, ax, "asr", title, "ms", legend_size=7)
 
 
 def _plot_tts(result: dict[str, Any]) -> None:
-    fig, ax = plt.subplots(figsize=(7, 3.5))
+    fig, ax = new_plot()
     for n, run in result["sessions"].items():
         by_words = run["first_audio_ms_by_first_phrase_words"]
         ax.plot(
             [int(w) for w in by_words], [v["p50"] for v in by_words.values()], "o-", label=f"{n} sessions"
         )
     ax.axhline(80, color="red", linestyle="--", label="goal: 80 ms p50")
-    ax.set_xlabel("words in the first phrase")
-    ax.set_ylabel("first audio after first phrase (ms, p50)")
-    ax.set_title("TTS first-audio latency")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(plot_path("tts"))
-    plt.close(fig)
+    ylabel = "first audio after first phrase (ms, p50)"
+    save_plot(fig, ax, "tts", "TTS first-audio latency", ylabel, "words in the first phrase", legend_size=7)
 
 
 def main() -> None:

@@ -9,6 +9,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display here
+import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -31,3 +38,30 @@ def write_result(name: str, result: dict[str, Any]) -> Path:
 def plot_path(name: str) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     return RESULTS / f"{name}.png"
+
+
+def new_plot() -> tuple[Figure, Axes]:
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    return fig, ax
+
+
+def save_plot(
+    fig: Figure,
+    ax: Axes,
+    name: str,
+    title: str,
+    ylabel: str,
+    xlabel: str | None = None,
+    legend_size: int | None = None,
+) -> Path:
+    """Label, legend, write ``results/<name>.png`` and free the figure."""
+    if xlabel:
+        ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=legend_size)
+    fig.tight_layout()
+    path = plot_path(name)
+    fig.savefig(path)
+    plt.close(fig)
+    return path

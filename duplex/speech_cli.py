@@ -9,12 +9,13 @@ import time
 
 import numpy as np
 
+from audio_io.pcm import RUNTIME_RATE
 from audio_io.resample import resample
 from audio_io.wav import WavError, read_wav, write_wav
 from duplex.config import Config
 from models.prepare import ModelChoice, resolve
 
-SAMPLE_RATE = 16000
+SAMPLE_RATE = RUNTIME_RATE
 
 
 def model_path(config: Config, stage: str) -> str:

@@ -58,8 +58,3 @@ class LocalAgreement:
 
     def previous_keys(self) -> list[str]:
         return [word_key(w) for w in self._previous]
-
-    def forget_before(self, count: int) -> None:
-        """The first ``count`` committed words left the audio window (long utterances)."""
-        self._previous = self._previous[count:]
-        self.committed = self.committed[count:]

@@ -37,28 +37,18 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from audio_io.pcm import RUNTIME_RATE, pcm16_to_float
 from models.agreement import HypWord, LocalAgreement, word_key
 from models.handoff import resolve_from_thread
 
 log = logging.getLogger("duplex.asr")
 
-SAMPLE_RATE = 16000
+SAMPLE_RATE = RUNTIME_RATE
 WINDOW_S = 30
 TAIL_PAD = int(0.3 * SAMPLE_RATE)
 MAX_WINDOW = 20 * SAMPLE_RATE  # with nothing committed for this long, keep only the newest half
 PREVIOUS_TEXT_TOKENS = 48  # context from before the window, as Whisper's previous-text prompt
 NO_SPEECH_THRESHOLD = 0.6
-
-
-def pcm16_to_float(samples: npt.NDArray[np.int16]) -> npt.NDArray[np.float32]:
-    return samples.astype(np.float32) / 32768.0
-
-
-def float_to_pcm16(samples: npt.NDArray[np.floating]) -> npt.NDArray[np.int16]:
-    """Float audio in [-1, 1] to int16; NaN or infinity is an error, not noise."""
-    if not np.all(np.isfinite(samples)):
-        raise ValueError("audio contains NaN or infinite samples")
-    return np.clip(np.rint(samples * 32767.0), -32768, 32767).astype(np.int16)
 
 
 def limit_blas_threads() -> None:
@@ -129,7 +119,6 @@ class AsrEngine:
         self._prompt = [*self.tokenizer.sot_sequence, self.tokenizer.no_timestamps]
         silence = self.model.feature_extractor(np.zeros(WINDOW_S * SAMPLE_RATE, np.float32), padding=0)
         self._silence_states = self._encode(silence[:, : self.model.feature_extractor.nb_max_frames])
-        self._positions = self._silence_states.shape[1]
         self._jobs: queue.PriorityQueue[tuple[int, int, _Job | None]] = queue.PriorityQueue()
         self._seq = itertools.count()
         self.passes = 0
@@ -288,15 +277,15 @@ class _Job:
     previous: list[int] = field(default_factory=list)  # text tokens before the window
     previous_keys: list[str] = field(default_factory=list)  # words of the previous hypothesis
     committed: int = 0  # how many words are committed
-
-    def may_commit(self, words: list[HypWord]) -> bool:
-        i = self.committed
-        return i < min(len(words), len(self.previous_keys)) and word_key(words[i]) == self.previous_keys[i]
-
     future: asyncio.Future[_Hypothesis] = field(init=False)
 
     def __post_init__(self) -> None:
         self.future = self.loop.create_future()
+
+    def may_commit(self, words: list[HypWord]) -> bool:
+        """Would this pass commit a word? (Then it is worth aligning for word times.)"""
+        i = self.committed
+        return i < min(len(words), len(self.previous_keys)) and word_key(words[i]) == self.previous_keys[i]
 
     @property
     def end(self) -> int:

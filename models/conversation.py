@@ -24,7 +24,6 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from models.chat_format import ChatFormat
 from models.llm import LlmEngine, LlmError
 
 MAX_USER_CHARS = 4000  # ~1,000 tokens: more than anyone says in one breath
@@ -72,9 +71,9 @@ class Conversation:
     _ids = itertools.count()
 
     def __init__(self, engine: LlmEngine, system_prompt: str | None = None) -> None:
-        assert engine.tokenizer is not None, "start the engine before making conversations"
+        assert engine.chat_format is not None, "start the engine before making conversations"
         self.engine = engine
-        self.format = ChatFormat.from_tokenizer(engine.tokenizer)
+        self.format = engine.chat_format
         self.system_prompt = engine.config.system_prompt if system_prompt is None else system_prompt
         self._system = self.format.system(self.system_prompt)
         self._user_open = self.format.user_open()
@@ -115,12 +114,14 @@ class Conversation:
 
     def _make_room(self, user_tokens: list[int]) -> None:
         limit = self.engine.config.max_model_len - self.engine.config.max_tokens
-        if len(self._prompt(user_tokens)) <= limit:
-            return
-        while self.turns and len(self._prompt(user_tokens)) > limit // 2:
-            self.turns.pop(0)
-            self.dropped_turns += 1
         needed = len(self._prompt(user_tokens))
+        if needed <= limit:
+            return
+        framing = len(self._user_open) + len(self._user_close) + len(self._assistant_close)
+        while self.turns and needed > limit // 2:
+            dropped = self.turns.pop(0)
+            needed -= framing + len(dropped.user_tokens) + len(dropped.reply_tokens)
+            self.dropped_turns += 1
         if needed > limit:
             raise LlmError(f"this turn alone needs {needed} tokens, more than the {limit} available")
 

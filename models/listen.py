@@ -16,11 +16,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from audio_io.pcm import RUNTIME_RATE
 from models.asr import AsrEngine, AsrResult
 from models.vad import VadConfig, VadEngine, VadEventKind
 
-HISTORY = 2 * 16000
-ASR_TAIL = 160 * 16  # audio past the VAD's end position that the final pass still gets
+HISTORY = 2 * RUNTIME_RATE
+ASR_TAIL = 160 * RUNTIME_RATE // 1000  # audio past the VAD's end position that the final pass still gets
 
 
 class ListenEventKind(enum.Enum):
@@ -49,7 +50,7 @@ class Listener:
     ) -> None:
         self.vad = vad.stream(vad_config)
         self.asr = asr.stream(partial_interval_ms)
-        self.preroll = preroll_ms * 16
+        self.preroll = preroll_ms * RUNTIME_RATE // 1000
         self._history = np.zeros(0, np.int16)
         self._end = 0  # stream position after the last pushed sample
         self.speaking = False

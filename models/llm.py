@@ -18,6 +18,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from models.chat_format import ChatFormat
+
 log = logging.getLogger("duplex.llm")
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -62,6 +64,7 @@ class LlmEngine:
         self.prefix_caching = prefix_caching  # off only to measure what it saves
         self._engine: Any = None
         self.tokenizer: Any = None
+        self.chat_format: ChatFormat | None = None
         self.is_cpu = True
 
     async def start(self) -> None:
@@ -90,6 +93,7 @@ class LlmEngine:
         )
         self._engine = AsyncLLM.from_engine_args(args)
         self.tokenizer = self._engine.get_tokenizer()
+        self.chat_format = ChatFormat.from_tokenizer(self.tokenizer)  # the same for every session
 
     @property
     def started(self) -> bool:

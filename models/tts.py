@@ -10,8 +10,7 @@ audio between the leading and trailing silence, found by energy) is divided amon
 words in proportion to their phoneme counts (each word phonemized alone by piper's
 espeak-ng), with punctuation adding a pause's worth of weight. Phrases are short
 (a few words to one sentence), which bounds the error to a fraction of a word; the
-boundaries between phrases are exact. When a voice does report alignments, they
-are used instead (`include_alignments`).
+boundaries between phrases are exact.
 
 Loudness: piper normalizes each sentence to full scale by default, which would make
 loudness jump between phrases of a streamed reply; a fixed gain is used instead.
@@ -34,6 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from audio_io.frame import AudioFrame
+from audio_io.pcm import float_to_pcm16
 from models.handoff import resolve_from_thread
 from models.phrases import Phrase, PhraseSplitter
 
@@ -115,8 +115,7 @@ class TtsEngine:
         chunks = list(self.voice.synthesize(text, self._syn_config))
         audio = np.concatenate([c.audio_float_array for c in chunks]) if chunks else np.zeros(0, np.float32)
         audio = np.clip(audio * FIXED_GAIN, -1.0, 1.0)
-        pcm = np.rint(audio * 32767).astype(np.int16)
-        return Synthesis(pcm, self._estimate_words(text, audio))
+        return Synthesis(float_to_pcm16(audio), self._estimate_words(text, audio))
 
     def _estimate_words(self, text: str, audio: npt.NDArray[np.float32]) -> list[tuple[int, int, int, int]]:
         words = list(_WORD.finditer(text))
@@ -140,11 +139,11 @@ class TtsEngine:
             if job.cancelled.is_set():
                 continue
             started = time.perf_counter()
+            result: Synthesis | BaseException
             try:
-                result: Synthesis | BaseException = self.synthesize(job.text)
-                if isinstance(result, Synthesis):
-                    self.busy_s += time.perf_counter() - started
-                    self.audio_s += result.audio.size / self.sample_rate
+                result = self.synthesize(job.text)
+                self.busy_s += time.perf_counter() - started
+                self.audio_s += result.audio.size / self.sample_rate
             except Exception as e:  # a bad phrase fails its stream, not the engine
                 log.exception("synthesis failed for a phrase of %d chars", len(job.text))
                 result = e

@@ -35,11 +35,12 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from audio_io.pcm import RUNTIME_RATE, pcm16_to_float
 from models.handoff import resolve_from_thread
 
 log = logging.getLogger("duplex.vad")
 
-SAMPLE_RATE = 16000
+SAMPLE_RATE = RUNTIME_RATE
 WINDOW = 512
 CONTEXT = 64
 
@@ -92,7 +93,6 @@ class VadStream:
         self.candidate: int | None = None  # start of a not yet confirmed speech run
         self.pause: int | None = None  # start of the current pause while speaking
         self.pause_announced = False
-        self.last_prob = 0.0
         self._events: list[VadEvent] = []
         self._waiter: asyncio.Future[list[VadEvent]] | None = None
 
@@ -101,7 +101,7 @@ class VadStream:
         if samples.dtype != np.int16:
             raise TypeError(f"VAD takes int16 samples at 16 kHz, got {samples.dtype}")
         assert self._waiter is None, "VadStream.push is not reentrant: await one push at a time"
-        self.pending = np.concatenate([self.pending, samples.astype(np.float32) / 32768.0])
+        self.pending = np.concatenate([self.pending, pcm16_to_float(samples)])
         if self.pending.size < WINDOW:
             return []
         self._waiter = self._loop.create_future()
@@ -119,7 +119,6 @@ class VadStream:
         min_silence = cfg.min_silence_ms * SAMPLE_RATE // 1000
         pad = cfg.speech_pad_ms * SAMPLE_RATE // 1000
         window_end = window_start + WINDOW
-        self.last_prob = prob
         if prob >= cfg.threshold:
             self.pause = None
             if not self.speaking:
@@ -171,8 +170,6 @@ class VadEngine:
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = 1
         options.inter_op_num_threads = 1
-        # Windows arrive every 20-32 ms: spinning between them cost 4x the compute
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self._session = onnxruntime.InferenceSession(
             str(self.model_path), sess_options=options, providers=["CPUExecutionProvider"]
         )

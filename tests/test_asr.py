@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from audio_io.g711 import ulaw_decode, ulaw_encode
+from audio_io.pcm import float_to_pcm16
 from audio_io.resample import resample
-from models.asr import float_to_pcm16
 from models.listen import Listener, ListenEventKind
 from models.speech_set import normalize, wer, word_errors
 
