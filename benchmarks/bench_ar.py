@@ -18,7 +18,10 @@ def main() -> None:
     result = json.loads(done.stdout.strip().splitlines()[-1])
     print(write_result("ar", result))
     fig, ax = new_plot()
-    for key, label in (("prefix_on", "prefix cache on"), ("prefix_off", "prefix cache off")):
+    for key, label in (
+        ("prefix_on", "KV reused (session stream)"),
+        ("prefix_off", "no reuse (new request, no prefix cache)"),
+    ):
         values = result["ttft_ms_by_turn"][key]
         ax.plot(range(1, len(values) + 1), values, "o-", label=label)
     title = "AR stage: TTFT over a 20-turn conversation (CPU, SmolLM2-135M)"

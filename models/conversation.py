@@ -1,16 +1,19 @@
 """`Conversation`: one session's dialogue, kept as the exact token sequence of its KV.
 
-Every turn's prompt is the previous prompt, the reply's generated token ids, and the
-new user turn (see `models.chat_format`), so vLLM's prefix cache finds the earlier
-turns' KV and only the new tokens are prefilled (to the cache's block granularity).
+The session's KV lives in one resumable vLLM request (`models.kv_stream.KvStream`)
+that only ever grows: each turn sends just what the KV lacks, so nothing said before
+is prefilled again, to the token:
 
-    [system][user 1][reply 1][user 2][reply 2] ... [user N]      prompt of turn N
-    '--------------- cached by earlier turns ----'  '- new -'
+    [system][user 1][reply 1][user 2][reply 2] ... [user N][header]   prompt of turn N
+    '---------- in the stream's KV ---------------'  '---- chunk ----'
 
-While the caller speaks, `prefill` sends the committed words ahead as a one-token
-request, so their KV is in the cache when the turn ends. After a barge-in,
-`truncate` cuts the last reply to the text the caller heard: the history (and so the
-next prompt) holds exactly that text, and the KV up to the cut is reused.
+While the caller speaks, `prefill` appends the committed words as they come (a chunk
+with one throwaway token), so at the end of the turn only the last words and the
+assistant header remain. When the KV holds something the history no longer starts
+with (ASR revised a prefilled word, `truncate` cut a reply after a barge-in, or an
+aborted reply), the stream is closed and a new one sends the whole prompt: vLLM's
+prefix cache then supplies the KV up to the last whole 32-token block before the
+divergence, and only the rest is prefilled.
 
 Long sessions: when a prompt would not leave room for a reply, the oldest turns are
 dropped (the system prompt stays) until the history fills at most half the context,
@@ -19,12 +22,14 @@ so the one re-prefill this costs happens rarely.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from models.llm import LlmEngine, LlmError
+from models.kv_stream import KvStream
+from models.llm import Delta, LlmEngine, LlmError
 
 MAX_USER_CHARS = 4000  # ~1,000 tokens: more than anyone says in one breath
 
@@ -40,7 +45,7 @@ class Turn:
 @dataclass
 class TurnStats:
     prompt_tokens: int = 0
-    cached_tokens: int = 0
+    cached_tokens: int = 0  # already in the stream's KV, or found in vLLM's prefix cache
     first_token_s: float | None = None
 
     @property
@@ -83,7 +88,10 @@ class Conversation:
         self.turns: list[Turn] = []
         self.session = f"conv{next(self._ids)}"
         self._requests = itertools.count()
-        self._active: str | None = None
+        self._stream: KvStream | None = None
+        self._lock = asyncio.Lock()  # one chunk at a time on the stream
+        self._prefill_wanted = 0  # the latest prefill call; older ones give way
+        self._replying = False
         self.last = TurnStats()
         self.dropped_turns = 0
 
@@ -125,23 +133,63 @@ class Conversation:
         if needed > limit:
             raise LlmError(f"this turn alone needs {needed} tokens, more than the {limit} available")
 
+    # -- the stream --
+
+    def _stream_for(self, target: list[int]) -> tuple[KvStream, list[int]]:
+        """The stream to extend towards `target`, and what its KV still lacks of it."""
+        stream = self._stream
+        if stream is not None and stream.alive:
+            held = stream.tokens
+            if len(held) <= len(target) and target[: len(held)] == held:
+                return stream, target[len(held) :]
+            stream.close()  # the KV holds what the history no longer says
+        self._stream = stream = self.engine.open_stream(f"{self.session}-s{next(self._requests)}")
+        return stream, list(target)
+
+    async def _run(self, target: list[int], stats: TurnStats, max_tokens: int) -> AsyncIterator[Delta]:
+        """Bring the stream's KV to `target` and stream what is sampled after it."""
+        stream, chunk = self._stream_for(target)
+        stats.prompt_tokens = len(target)
+        stats.cached_tokens = len(target) - len(chunk)
+        if not chunk:
+            return
+        fresh = not stream.tokens
+        started = time.perf_counter()
+        async for delta in stream.run(chunk, max_tokens):
+            if stats.first_token_s is None:
+                stats.first_token_s = time.perf_counter() - started
+                if fresh:  # a new request: vLLM's figure for what its prefix cache held
+                    stats.cached_tokens = delta.cached_tokens
+            yield delta
+
+    def close(self) -> None:
+        """The session is over: its KV goes back to vLLM's prefix cache."""
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+
     # -- turns --
 
     async def prefill(self, partial_text: str) -> TurnStats:
-        """Put the KV of the user's words so far in the cache (one throwaway token)."""
+        """Put the KV of the user's words so far in the stream (one throwaway token).
+
+        Calls that arrive while one is running coalesce: only the latest words are sent.
+        """
         text = partial_text.strip()
         if not text:
             return TurnStats()
-        tokens = self.format.encode(text)
-        prompt = self._prompt(tokens, close=False)
-        if len(prompt) + 1 > self.engine.config.max_model_len:
-            return TurnStats()  # the final turn will make room
-        stats = TurnStats(prompt_tokens=len(prompt))
-        async for delta in self.engine.generate(
-            f"{self.session}-p{next(self._requests)}", prompt, max_tokens=1
-        ):
-            stats.cached_tokens = delta.cached_tokens
-        return stats
+        self._prefill_wanted += 1
+        mine = self._prefill_wanted
+        async with self._lock:
+            if mine != self._prefill_wanted:
+                return TurnStats()  # newer words (or the turn's end) came while waiting
+            target = self._prompt(self.format.encode(text), close=False)
+            if len(target) + 1 > self.engine.config.max_model_len:
+                return TurnStats()  # the final turn will make room
+            stats = TurnStats()
+            async for _ in self._run(target, stats, max_tokens=1):
+                pass
+            return stats
 
     async def reply(self, user_text: str | bytes) -> AsyncIterator[str]:
         """Add the user's turn and stream the reply's text deltas.
@@ -151,33 +199,30 @@ class Conversation:
         """
         text = check_user_text(user_text)
         tokens = self.format.encode(text)
-        self._make_room(tokens)
-        prompt = self._prompt(tokens)
-        turn = Turn(text, tokens)
-        self.turns.append(turn)
-        request_id = f"{self.session}-r{next(self._requests)}"
-        self._active = request_id
-        self.last = TurnStats(prompt_tokens=len(prompt))
-        started = time.perf_counter()
-        try:
-            async for delta in self.engine.generate(request_id, prompt):
-                if self.last.first_token_s is None:
-                    self.last.first_token_s = time.perf_counter() - started
-                    self.last.cached_tokens = delta.cached_tokens
-                turn.reply_tokens += [t for t in delta.token_ids if t not in self._stop_ids]
-                turn.reply_text += delta.text
-                if delta.text:
-                    yield delta.text
-        except LlmError:
-            self.turns.remove(turn)
-            raise
-        finally:
-            self._active = None
+        self._prefill_wanted += 1  # prefills still waiting are for this turn's words: drop them
+        async with self._lock:
+            self._make_room(tokens)
+            prompt = self._prompt(tokens)
+            turn = Turn(text, tokens)
+            self.turns.append(turn)
+            self.last = TurnStats()
+            self._replying = True
+            try:
+                async for delta in self._run(prompt, self.last, self.engine.config.max_tokens):
+                    turn.reply_tokens += [t for t in delta.token_ids if t not in self._stop_ids]
+                    turn.reply_text += delta.text
+                    if delta.text:
+                        yield delta.text
+            except LlmError:
+                self.turns.remove(turn)
+                raise
+            finally:
+                self._replying = False
 
     async def abort(self) -> None:
         """Stop the reply in progress (its stream ends); the conversation stays usable."""
-        if self._active is not None:
-            await self.engine.abort(self._active)
+        if self._replying and self._stream is not None:
+            await self.engine.abort(self._stream.request_id)
 
     def truncate(self, heard_text: str) -> None:
         """Cut the last reply to the text the caller heard (a prefix of what was generated)."""

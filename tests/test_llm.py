@@ -32,8 +32,16 @@ async def test_a_reply_streams_and_is_correct(llm_engine):
     assert conversation.last.first_token_s is not None
 
 
+async def prefilled_by_vllm(engine, turn):
+    """Run `turn` and return how many prompt tokens vLLM computed for it (its own figures)."""
+    before = engine.counters.prefill_tokens
+    await turn
+    return engine.counters.prefill_tokens - before
+
+
 async def test_later_turns_prefill_only_their_new_tokens(llm_engine):
     conversation = Conversation(llm_engine)
+    close = len(conversation.format.assistant_close())
     questions = [
         "Hi!",
         "What is the capital of France?",
@@ -47,16 +55,17 @@ async def test_later_turns_prefill_only_their_new_tokens(llm_engine):
         "Goodbye!",
     ]
     for n, question in enumerate(questions):
-        before = len(conversation.history_tokens())
-        await say(conversation, question)
+        history = len(conversation.history_tokens())
+        prefilled = await prefilled_by_vllm(llm_engine, say(conversation, question))
         stats = conversation.last
-        new_tokens = stats.prompt_tokens - before
-        if n > 0:
-            # vLLM's own count: everything up to the last whole block of the previous
-            # history came from the cache; what is prefilled is the new turn plus the
-            # tail of that block
-            assert stats.cached_tokens >= before - BLOCK + 1, (n, stats, before)
-            assert stats.prefilled_tokens <= new_tokens + BLOCK - 1, (n, stats, new_tokens)
+        assert prefilled == stats.prefilled_tokens, (n, prefilled, stats)
+        if n == 0:
+            assert prefilled == stats.prompt_tokens - stats.cached_tokens
+        else:
+            # the new user turn, plus the previous reply's end marker: sampled, never fed back
+            new_tokens = stats.prompt_tokens - history
+            assert prefilled <= new_tokens + close + 1, (n, prefilled, new_tokens)
+            assert stats.cached_tokens >= history - close - 1
 
 
 WORDS_40 = (
@@ -77,12 +86,28 @@ async def test_incremental_prefill_leaves_only_the_tail(llm_engine):
     for word in WORDS_40.split():  # committed words arriving while the caller speaks
         partial = f"{partial} {word}".strip()
         await conversation.prefill(partial)
-    await say(conversation, WORDS_40 + ending)
-    stats = conversation.last
+    prefilled = await prefilled_by_vllm(llm_engine, say(conversation, WORDS_40 + ending))
     tail = len(conversation.format.encode(ending)) + len(conversation.format.user_close())
-    assert stats.prefilled_tokens <= tail + BLOCK - 1, stats
-    assert stats.prefilled_tokens < without.last.prefilled_tokens / 2, (stats, without.last)
+    assert prefilled == tail == conversation.last.prefilled_tokens
+    assert prefilled <= 16
+    assert without.last.prefilled_tokens > 60
     assert conversation.turns[-1].reply_text == without.turns[-1].reply_text
+
+
+async def test_prefills_arriving_faster_than_they_run_coalesce(llm_engine):
+    conversation = Conversation(llm_engine)
+    words = WORDS_40.split()
+    partials = [" ".join(words[: n + 1]) for n in range(len(words))]
+    before = llm_engine.counters.prefill_tokens
+    results = await asyncio.gather(*(conversation.prefill(p) for p in partials))
+    sent = [r for r in results if r.prompt_tokens]
+    assert 1 <= len(sent) <= 2  # the first, and the latest words that waited behind it
+    assert sent[-1].prompt_tokens == len(
+        conversation._prompt(conversation.format.encode(WORDS_40), close=False)
+    )
+    assert llm_engine.counters.prefill_tokens - before == sent[-1].prompt_tokens - sent[0].cached_tokens
+    fresh = Conversation(llm_engine)
+    assert await say(conversation, WORDS_40 + "?") == await say(fresh, WORDS_40 + "?")
 
 
 async def test_a_revised_prefill_gives_the_same_reply_as_a_fresh_request(llm_engine):
@@ -92,6 +117,8 @@ async def test_a_revised_prefill_gives_the_same_reply_as_a_fresh_request(llm_eng
     fresh = Conversation(llm_engine)
     assert reply_revised == await say(fresh, "Please book a table for two tonight.")
     assert revised.history_tokens() == fresh.history_tokens()
+    # rolled back to the last whole KV block before the revised word, not to the start
+    assert revised.last.cached_tokens >= fresh.last.cached_tokens - BLOCK
 
 
 async def test_abort_stops_the_stream_at_once_and_the_conversation_goes_on(llm_engine):
@@ -114,7 +141,10 @@ async def test_truncation_makes_the_next_prompt_exactly_the_cut_history(llm_engi
     conversation = Conversation(llm_engine)
     reply = await say(conversation, "Tell me about the weather in Paris in spring.")
     heard = reply[: len(reply) // 2]
+    before = conversation.history_tokens()
     conversation.truncate(heard)
+    after = conversation.history_tokens()
+    common = next(i for i, (a, b) in enumerate(zip(before, after, strict=False)) if a != b)
     assert conversation.turns[-1].reply_text == heard.rstrip()
     assert conversation.history_tokens() == template_tokens(conversation)  # token for token
     await say(conversation, "Go on.")
@@ -122,6 +152,8 @@ async def test_truncation_makes_the_next_prompt_exactly_the_cut_history(llm_engi
         conversation.turns[-1].reply_tokens
     ) - len(conversation.format.assistant_close())
     assert conversation.messages()[2]["content"] == heard.rstrip()
+    # the KV up to the cut is reused (to the cache's block granularity)
+    assert conversation.last.cached_tokens >= common - BLOCK + 1, (conversation.last, common)
 
 
 async def test_concurrent_sessions_never_see_each_others_text(llm_engine):
@@ -191,6 +223,8 @@ async def test_idle_sessions_lose_their_kv_first_and_still_work(small_engine):
     for i, conversation in enumerate(conversations):  # 4 x ~380 tokens > 1,280 in the cache
         await say(conversation, f"Session {i}. {filler} Say hello.")  # no shared prefix
     oldest, newest = conversations[0], conversations[-1]
+    assert oldest._stream is not None and not oldest._stream.alive  # closed to make room
+    assert newest._stream is not None and newest._stream.alive
     history_newest = len(newest.history_tokens())
     await say(newest, "Thanks.")
     assert newest.last.cached_tokens >= history_newest - BLOCK + 1  # recent: still cached
@@ -198,3 +232,18 @@ async def test_idle_sessions_lose_their_kv_first_and_still_work(small_engine):
     reply = await say(oldest, "What is the capital of France?")
     assert oldest.last.cached_tokens < history_oldest - BLOCK  # idle: evicted, re-prefilled
     assert "Paris" in reply
+
+
+async def test_a_kv_budget_too_small_for_one_turn_is_refused_and_others_carry_on(llm_engine):
+    from models.llm import LlmConfig, LlmEngine
+
+    # vLLM itself refuses (after loading the model) a KV cache that cannot hold one
+    # request at the full context; the engine says so at once, naming the settings
+    tiny = LlmEngine(LlmConfig(model=llm_engine.config.model, max_model_len=2048, kv_cache_gib=0.05))
+    with pytest.raises(LlmError, match="llm_kv_cache_gib to at least 0.09"):
+        await tiny.start()
+    assert not tiny.started
+    over = LlmEngine(LlmConfig(model=llm_engine.config.model, max_model_len=2048, kv_blocks=40))
+    with pytest.raises(LlmError, match="holds 1280 tokens"):
+        await over.start()
+    assert "Paris" in await say(Conversation(llm_engine), "What is the capital of France?")

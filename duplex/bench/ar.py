@@ -1,10 +1,12 @@
 """``duplex bench ar``: the AR stage on vLLM, as a conversation uses it.
 
 - ``ttft_ms_by_turn``: time to first token at each turn of a 20-turn conversation,
-  with vLLM's prefix caching on (earlier turns' KV reused) and off (whole history
-  prefilled every turn; a second engine started without prefix caching).
+  with KV reuse on (the session's stream keeps its KV, as in service) and off (every
+  turn a new request on a second engine started without prefix caching: the whole
+  history is prefilled every turn).
 - ``eot_to_first_token_ms``: a 40-word utterance, from the end of the turn to the first
-  token, with its words prefilled while "spoken" (incremental) and without (full).
+  token, with its words prefilled while "spoken" (incremental) and without (full);
+  ``eot_prefill_tokens``: what vLLM computed for that last step (its own counters).
 - ``decode_tok_s``: generated tokens per second per session, 1, 4 and 8 at once.
 - ``startup_s``: engine start, first in this process (cold) and again (warm).
 - ``abort_ms``: from `Conversation.abort` to the end of the reply's stream.
@@ -58,6 +60,8 @@ async def _ttft_by_turn(engine: LlmEngine) -> list[float]:
     conversation = Conversation(engine)
     out = []
     for question in QUESTIONS:
+        if not engine.prefix_caching:
+            conversation.close()  # a new request each turn: nothing reused
         async for _ in conversation.reply(question):
             pass
         assert conversation.last.first_token_s is not None
@@ -65,7 +69,7 @@ async def _ttft_by_turn(engine: LlmEngine) -> list[float]:
     return out
 
 
-async def _eot(engine: LlmEngine, incremental: bool, run: int) -> float:
+async def _eot(engine: LlmEngine, incremental: bool, run: int) -> tuple[float, int]:
     conversation = Conversation(engine)
     # a first turn of its own, so that no other run's KV of the 40 words is in the cache
     async for _ in conversation.reply(f"Hello there, this is call number {run}."):
@@ -74,11 +78,13 @@ async def _eot(engine: LlmEngine, incremental: bool, run: int) -> float:
     if incremental:
         for n in range(1, len(words)):
             await conversation.prefill(" ".join(words[:n]))
+    before = engine.counters.prefill_tokens
     async for _ in conversation.reply(WORDS_40):
         break  # the first token is all we time
+    prefilled = engine.counters.prefill_tokens - before
     await conversation.abort()
     assert conversation.last.first_token_s is not None
-    return conversation.last.first_token_s * 1000
+    return conversation.last.first_token_s * 1000, prefilled
 
 
 async def _decode(engine: LlmEngine, sessions: int, tokens: int = 48) -> float:
@@ -144,8 +150,12 @@ def bench_ar(config: Config, sessions: list[int], quick: bool = False) -> dict[s
             "prefix_off": round(ttft_off[-1] / ttft_off[0], 2),
         },
         "eot_to_first_token_ms": {
-            "incremental": round(percentiles(on["eot_incremental"])["p50"] or 0, 1),
-            "full": round(percentiles(on["eot_full"])["p50"] or 0, 1),
+            "incremental": round(percentiles([t for t, _ in on["eot_incremental"]])["p50"] or 0, 1),
+            "full": round(percentiles([t for t, _ in on["eot_full"]])["p50"] or 0, 1),
+        },
+        "eot_prefill_tokens": {
+            "incremental": max(n for _, n in on["eot_incremental"]),
+            "full": max(n for _, n in on["eot_full"]),
         },
         "decode_tok_s": on["decode_tok_s"],
         "startup_s": {"cold": on["startup_s"], "warm": off["startup_s"]},

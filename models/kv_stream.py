@@ -1,0 +1,116 @@
+"""`KvStream`: one session's resumable vLLM request, whose KV holds exactly `tokens`.
+
+vLLM 0.32 lets one request take its prompt in pieces (`StreamingInput`): each
+piece ("chunk") is prefilled on top of the KV the request already holds, then
+sampled with that chunk's own parameters. When a chunk stops, vLLM keeps the KV of
+every token it computed and drops the last sampled token, which was never fed back:
+
+    tokens after a chunk = tokens before + chunk + generated[:-1]
+
+so a prefill-only chunk (one throwaway token) adds exactly its own tokens, and a
+reply chunk adds the reply up to (not including) its final token: an EOS, or the
+last token of a reply cut off by `max_tokens`, which the next chunk must re-send.
+
+One chunk is in flight at a time (the owner serializes its calls), so a chunk's
+outputs are never merged with the next chunk's by vLLM's output collector; a chunk
+ends with the output that carries a finish reason. Abort or close ends the request: its KV blocks go back to
+vLLM's prefix cache, where a new stream finds them (to block granularity).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from models.llm import Delta, LlmEngine, LlmError
+
+_END = None  # the request ended (aborted, closed, or failed): no more outputs
+
+
+class KvStream:
+    def __init__(self, engine: LlmEngine, request_id: str) -> None:
+        self.engine = engine
+        self.request_id = request_id
+        self.tokens: list[int] = []  # what the request's KV holds, token for token
+        self.last_used = time.monotonic()
+        self.alive = True
+        self._inputs: asyncio.Queue[Any] = asyncio.Queue()
+        self._outputs: asyncio.Queue[Delta | BaseException | None] = asyncio.Queue()
+        self._reader: asyncio.Task[None] | None = None
+        self._reserved = 0  # tokens counted against the KV budget while a chunk runs
+        self.busy = False  # a chunk is in flight
+
+    @property
+    def held_tokens(self) -> int:
+        return len(self.tokens) + self._reserved
+
+    async def run(self, chunk: list[int], max_tokens: int, ignore_eos: bool = False) -> AsyncIterator[Delta]:
+        """Prefill `chunk` on top of `tokens` and stream what is sampled after it.
+
+        Ends after the chunk's last output, or early when the request is aborted (then
+        `alive` is False and `tokens` no longer says anything).
+        """
+        assert not self.busy, "one chunk at a time"
+        if not self.alive:
+            raise LlmError("the session's LLM stream has ended")
+        if not chunk:
+            raise ValueError("an empty chunk")
+        self.engine.reserve(self, len(chunk) + max_tokens)
+        self._reserved = len(chunk) + max_tokens
+        self.busy = True
+        self.last_used = time.monotonic()
+        self._inputs.put_nowait(self.engine.streaming_input(chunk, max_tokens, ignore_eos))
+        if self._reader is None:
+            self._reader = asyncio.create_task(self._read(), name=f"llm-{self.request_id}")
+        generated: list[int] = []
+        finished = False
+        try:
+            while True:
+                item = await self._outputs.get()
+                if item is _END:
+                    return
+                if isinstance(item, BaseException):
+                    raise LlmError(str(item)) from item
+                generated += item.token_ids
+                finished = item.finish_reason is not None
+                yield item
+                if finished:
+                    return
+        finally:
+            self._reserved = 0
+            self.busy = False
+            self.last_used = time.monotonic()
+            if finished:
+                self.tokens += chunk + generated[:-1]
+            else:  # stopped early: what the KV holds is unknown, so the stream is done
+                self.alive = False
+                await self.engine.abort(self.request_id)
+
+    async def _read(self) -> None:
+        """Hand the request's outputs to the chunk in flight, for the request's life."""
+
+        async def inputs() -> AsyncIterator[Any]:
+            while (item := await self._inputs.get()) is not None:
+                yield item
+
+        try:
+            async for output in self.engine.generate_streaming(self.request_id, inputs()):
+                self._outputs.put_nowait(output)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # a chunk vLLM refused, or the engine failed
+            self._outputs.put_nowait(e)
+        finally:
+            self.alive = False
+            self._outputs.put_nowait(_END)
+            self.engine.forget(self)
+
+    def close(self) -> None:
+        """End the request; its KV blocks return to vLLM's prefix cache."""
+        if self.alive:
+            self.alive = False
+            self._inputs.put_nowait(None)
+        if self._reader is None:
+            self.engine.forget(self)
