@@ -39,6 +39,7 @@ class Pacer:
         self._queue: collections.deque[AudioFrame] = collections.deque()
         self._wakeup = asyncio.Event()
         self._closed = False
+        self._paused = False
         self._run_start: float | None = None
         self._run_index = 0
         self.frames_sent = 0
@@ -57,6 +58,18 @@ class Pacer:
         self._queue.clear()
         self.frames_dropped += dropped
         return dropped
+
+    def pause(self) -> None:
+        """No frame leaves until `resume`; the queue is kept."""
+        self._paused = True
+
+    def resume(self) -> None:
+        self._paused = False
+        self._wakeup.set()
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
 
     @property
     def queued_frames(self) -> int:
@@ -83,8 +96,8 @@ class Pacer:
     async def frames(self) -> AsyncIterator[AudioFrame]:
         """Yield each queued frame at its due time, with ``playout_time`` set to it."""
         while not self._closed:
-            if not self._queue:
-                if self._run_start is not None:
+            if not self._queue or self._paused:
+                if self._run_start is not None and not self._paused:
                     self.underruns += 1
                 self._run_start = None
                 self._wakeup.clear()
@@ -94,8 +107,8 @@ class Pacer:
             delay = due - self._clock()
             if delay > 0:
                 await asyncio.sleep(delay)
-            if self._closed or not self._queue:
-                continue  # cleared while waiting: nothing of the old queue may leave
+            if self._closed or not self._queue or self._paused:
+                continue  # cleared or paused while waiting: nothing of the old queue may leave
             frame = self._queue.popleft()
             self._run_index += 1
             self.frames_sent += 1

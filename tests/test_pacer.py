@@ -100,3 +100,27 @@ async def test_close_ends_iteration_and_put_after_close_fails():
     assert [f async for f in pacer.frames()] == []
     with pytest.raises(RuntimeError):
         pacer.put(frame())
+
+
+async def test_pause_stops_at_once_and_resume_goes_on_with_the_next_frame():
+    pacer = Pacer(period=0.010)
+    for i in range(20):
+        pacer.put(frame(i))
+    got: list[int] = []
+
+    async def consume() -> None:
+        async for f in pacer.frames():
+            got.append(int(f.samples[0]))
+            if len(got) == 5:
+                pacer.pause()  # synchronous: nothing more may leave
+            if len(got) == 20:
+                return
+
+    task = asyncio.create_task(consume())
+    await asyncio.sleep(0.2)
+    assert got == [0, 1, 2, 3, 4] and pacer.paused
+    assert pacer.queued_frames == 15
+    pacer.resume()
+    await asyncio.wait_for(task, 2)
+    assert got == list(range(20))
+    assert pacer.underruns == 0
