@@ -64,10 +64,32 @@ def build_parser() -> argparse.ArgumentParser:
     say.add_argument("--rate", type=int, default=None, help="sample rate of the WAV (default: the voice's)")
     say.add_argument("--deterministic", action="store_true", help="no generator noise: same audio every time")
     bench = sub.add_parser("bench", help="measure a stage; prints one JSON object as its last line")
-    _add_config_flags(bench, ("asr", "vad", "voice", "llm", "cache_dir", "asr_workers", "log_level"))
-    bench.add_argument("stage", choices=("asr", "tts", "ar"))
+    _add_config_flags(
+        bench,
+        (
+            "asr",
+            "vad",
+            "voice",
+            "llm",
+            "llm_dtype",
+            "llm_max_tokens",
+            "cache_dir",
+            "asr_workers",
+            "log_level",
+        ),
+    )
+    bench.add_argument("stage", choices=("asr", "tts", "ar", "conversation"))
     bench.add_argument("--sessions", default="1,4,8", help="concurrent sessions to measure, comma-separated")
     bench.add_argument("--quick", action="store_true", help="fewer repetitions (for smoke tests)")
+    bench.add_argument(
+        "--utterances",
+        nargs="+",
+        metavar="WAV",
+        help="conversation: the caller's own recordings of the scripted lines, in order",
+    )
+    bench.add_argument(
+        "--turns", type=int, default=0, help="conversation: also one session of this many turns"
+    )
     return parser
 
 

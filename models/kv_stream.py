@@ -36,7 +36,7 @@ class KvStream:
         self.tokens: list[int] = []  # what the request's KV holds, token for token
         self.last_used = time.monotonic()
         self.alive = True
-        self._inputs: asyncio.Queue[Any] = asyncio.Queue()
+        self._inputs: asyncio.Queue[Any] = asyncio.Queue()  # StreamingInputs for vLLM
         self._outputs: asyncio.Queue[Delta | BaseException | None] = asyncio.Queue()
         self._reader: asyncio.Task[None] | None = None
         self._reserved = 0  # tokens counted against the KV budget while a chunk runs
@@ -92,8 +92,8 @@ class KvStream:
         """Hand the request's outputs to the chunk in flight, for the request's life."""
 
         async def inputs() -> AsyncIterator[Any]:
-            while (item := await self._inputs.get()) is not None:
-                yield item
+            while True:
+                yield await self._inputs.get()
 
         try:
             async for output in self.engine.generate_streaming(self.request_id, inputs()):
@@ -107,10 +107,21 @@ class KvStream:
             self._outputs.put_nowait(_END)
             self.engine.forget(self)
 
+    def cancel(self) -> None:
+        """Drop the request without a word to vLLM (the engine is shutting down)."""
+        self.alive = False
+        if self._reader is not None:
+            self._reader.cancel()
+
     def close(self) -> None:
-        """End the request; its KV blocks return to vLLM's prefix cache."""
+        """End the request; its KV blocks return to vLLM's prefix cache.
+
+        By abort rather than by ending the input: vLLM then sends no final request,
+        which could otherwise still be on its way when the engine shuts down.
+        """
         if self.alive:
             self.alive = False
-            self._inputs.put_nowait(None)
+            if self._reader is not None:
+                self.engine.abort_soon(self.request_id)
         if self._reader is None:
             self.engine.forget(self)

@@ -59,6 +59,17 @@ class Listener:
         first = self._end - self._history.size
         return self._history[max(start, first) - first : max(end, first) - first]
 
+    @property
+    def voiced_until(self) -> int:
+        """Where the current utterance's voice stops so far: the start of the pause the
+        VAD is in, or the end of the audio."""
+        pause = self.vad.pause
+        return pause if self.speaking and pause is not None else self._end
+
+    def history_since(self, position: int) -> npt.NDArray[np.int16]:
+        """The audio from this stream position on, as far as the last two seconds hold it."""
+        return self._slice(position, self._end)
+
     async def push(self, samples: npt.NDArray[np.int16]) -> list[ListenEvent]:
         """Feed 16 kHz int16 audio; returns what happened, in order."""
         if samples.dtype != np.int16 or samples.ndim != 1:

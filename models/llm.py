@@ -20,6 +20,7 @@ is what the tests and `/metrics` read to know what the engine really computed.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -101,6 +102,7 @@ class LlmEngine:
         self.block_size = 32
         self.capacity_tokens = 0  # the KV cache's size, known once started
         self._streams: dict[str, KvStream] = {}
+        self._aborts: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -260,8 +262,16 @@ class LlmEngine:
         if self._engine is not None:
             await self._engine.abort(request_id)
 
+    def abort_soon(self, request_id: str) -> None:
+        """`abort` from synchronous code; the engine owns the task."""
+        task = asyncio.get_running_loop().create_task(self.abort(request_id))
+        self._aborts.add(task)
+        task.add_done_callback(self._aborts.discard)
+
     def shutdown(self) -> None:
         """Stop vLLM's engine processes; idempotent."""
+        for stream in list(self._streams.values()):
+            stream.cancel()
         engine, self._engine = self._engine, None
         if engine is not None:
             engine.shutdown()

@@ -14,6 +14,10 @@ def run_bench(config: Config, args: argparse.Namespace) -> int:
         from duplex.bench.ar import bench_ar
 
         result = bench_ar(config, sessions, quick=args.quick)
+    elif args.stage == "conversation":
+        from duplex.bench.conversation import bench_conversation
+
+        result = bench_conversation(config, sessions, args.utterances, args.turns)
     elif args.stage == "asr":
         from duplex.bench.asr import bench_asr
 

@@ -1,0 +1,165 @@
+"""``duplex bench conversation``: scripted conversations through whole sessions, in real time.
+
+Each session is a `VirtualCaller` whose microphone also picks up the assistant's voice
+at -20 dB, 40-250 ms late (a speakerphone without echo cancellation). Its script:
+
+    ask A ─ reply ─ ask for a story ─ interrupt after 1.0-1.6 s of it ─ reply ─ ask C ─ reply
+
+- ``v2v_ms``: the end of the caller's voice to the first reply frame reaching the caller.
+- ``bargein_stop_ms``: the onset of the interrupting voice to the last frame of the cut reply.
+- ``truncation_exact_rate``: cut replies whose truncated text, in the event and in the
+  conversation, equals what the caller heard by its own count (half of a word played).
+- ``self_interruptions``: pauses or cuts of a reply not caused by the script (echo).
+- ``loop_lag_p99_ms``: how late a 10 ms timer on the event loop fires, 99th percentile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import psutil
+
+from audio_io.pcm import RUNTIME_RATE
+from audio_io.resample import resample
+from audio_io.wav import read_wav
+from duplex import events as ev
+from duplex.bench.stats import percentiles
+from duplex.caller import Silence, Speak, Step, UntilHeard, UntilReplyDone, VirtualCaller, heard_by_marks
+from duplex.config import Config
+from duplex.engines import Engines
+from duplex.metrics import LoopLag
+from duplex.session import Session, SessionConfig
+
+QUESTIONS = ("What is the capital city of France?", "Name a big river in Europe.", "What do bees make?")
+STORY = "Please tell me a long story about a brave little dragon."
+STOP = "Stop please. What is two plus two?"
+ECHO_DB = -20.0
+
+
+def _script(clips: dict[str, Speak], i: int, turns: int) -> tuple[list[Step], int]:
+    """A session's timeline and how many interruptions it scripts."""
+    steps: list[Step] = [Silence(0.3 + 0.45 * i)]  # staggered starts
+    if turns:  # a long session: question after question
+        for t in range(turns):
+            steps += [clips[QUESTIONS[t % len(QUESTIONS)]], UntilReplyDone(timeout=60, after=0.6)]
+        return steps, 0
+    steps += [clips[QUESTIONS[0]], UntilReplyDone(timeout=60, after=0.6)]
+    steps += [clips[STORY], UntilHeard(1.0 + 0.2 * (i % 4), timeout=60)]
+    steps += [clips[STOP], UntilReplyDone(timeout=60, after=0.6)]
+    steps += [clips[QUESTIONS[1 + i % 2]], UntilReplyDone(timeout=60, after=0.6)]
+    return steps, 1
+
+
+async def _session(engines: Engines, clips: dict[str, Speak], i: int, turns: int) -> dict[str, Any]:
+    caller = VirtualCaller(echo_db=ECHO_DB, echo_delay_s=0.04 + 0.21 * (i % 5) / 4)
+    session = Session(engines, caller, SessionConfig())
+    steps, scripted = _script(clips, i, turns)
+    await session.start()
+    try:
+        await caller.play(session, steps)
+    finally:
+        await session.close()
+    v2v, stops, exact, cuts = [], [], 0, 0
+    created = caller.of_type(ev.RESPONSE_CREATED)
+    for span in caller.voice_spans:  # the first reply after each utterance
+        after = [e for e in created if e.at > span[1]]
+        first = caller.first_frame(str(after[0].data["response_id"])) if after else None
+        if first is not None:
+            v2v.append((first - span[1]) * 1000)
+    for done in caller.of_type(ev.RESPONSE_DONE):
+        if done.data["status"] != "cancelled":
+            continue
+        cuts += 1
+        rid = str(done.data["response_id"])
+        onset = max(s for s, _ in caller.voice_spans if s < done.at)
+        last = caller.last_frame(rid)
+        if last is not None:
+            stops.append(max(0.0, last - onset) * 1000)
+        turn = session.ledger.turn(rid)
+        marks = [(m.char_start, m.char_end, m.sample_start, m.sample_end) for m in turn.marks]
+        truth = heard_by_marks(turn.text, marks, caller.played(rid))
+        (truncated,) = [e for e in caller.of_type(ev.TRUNCATED) if e.data["item_id"] == done.data["item_id"]]
+        told = [m["content"] for m in session.conversation.messages() if m["role"] == "assistant"]
+        exact += truncated.data["transcript"] == truth and truth in told
+    return {
+        "v2v_ms": v2v,
+        "stop_ms": stops,
+        "cuts": cuts,
+        "exact": exact,
+        "self_interruptions": session.barge_ins + session.resumes - scripted,
+        "replies": len(created),
+    }
+
+
+async def _run(engines: Engines, clips: dict[str, Speak], sessions: int, turns: int) -> dict[str, Any]:
+    lag = LoopLag()
+    lag.start()
+    process = psutil.Process(os.getpid())
+    rss0 = process.memory_info().rss
+    started = time.perf_counter()
+    try:
+        results = await asyncio.gather(*(_session(engines, clips, i, turns) for i in range(sessions)))
+    finally:
+        await lag.stop()
+    lags = lag.samples_ms
+    cuts = sum(r["cuts"] for r in results)
+    v2v = [x for r in results for x in r["v2v_ms"]]
+    out: dict[str, Any] = {
+        "v2v_ms": percentiles(v2v),
+        "bargein_stop_ms": percentiles([x for r in results for x in r["stop_ms"]]),
+        "truncation_exact_rate": round(sum(r["exact"] for r in results) / cuts, 3) if cuts else None,
+        "barge_ins": cuts,
+        "self_interruptions": sum(r["self_interruptions"] for r in results),
+        "loop_lag_p99_ms": round(float(np.percentile(lags, 99)), 1) if lags else None,
+        "replies": sum(r["replies"] for r in results),
+        "wall_s": round(time.perf_counter() - started, 1),
+        "rss_growth_mb": round((process.memory_info().rss - rss0) / 2**20, 1),
+    }
+    if turns:
+        out["v2v_ms_by_turn"] = [round(x, 1) for x in results[0]["v2v_ms"]]
+    return out
+
+
+def _clips(engines: Engines, utterances: list[str] | None) -> dict[str, Speak]:
+    texts = [*QUESTIONS, STORY, STOP]
+    if utterances:  # the caller's own recordings, in the order of the texts above
+        if len(utterances) != len(texts):
+            raise SystemExit(f"--utterances takes {len(texts)} WAV files: {', '.join(texts)}")
+        audio: list[npt.NDArray[np.int16]] = []
+        for path in utterances:
+            samples, rate = read_wav(path)
+            audio.append(resample(samples, rate, RUNTIME_RATE))
+    else:
+        tts = engines.tts
+        audio = [resample(tts.synthesize(t).audio, tts.sample_rate, RUNTIME_RATE) for t in texts]
+    return {t: Speak(a) for t, a in zip(texts, audio, strict=True)}
+
+
+def bench_conversation(
+    config: Config, sessions: list[int], utterances: list[str] | None = None, turns: int = 0
+) -> dict[str, Any]:
+    async def main() -> dict[str, Any]:
+        engines = await Engines.start(config, deterministic_tts=True)
+        try:
+            clips = _clips(engines, utterances)
+            result: dict[str, Any] = {"sessions": {}}
+            for n in sessions:
+                result["sessions"][str(n)] = await _run(engines, clips, n, 0)
+            if turns:
+                result["long_session"] = await _run(engines, clips, 1, turns)
+            return result
+        finally:
+            engines.close()
+
+    result = asyncio.run(main())
+    result["method"] = (
+        "real-time virtual callers with echo at -20 dB, 40-250 ms; v2v from the end of the caller's "
+        "voice to the first reply frame; barge-in stop from the interrupting voice's onset to the "
+        "last frame of the cut reply"
+    )
+    return result

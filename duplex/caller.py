@@ -1,0 +1,230 @@
+"""`VirtualCaller`: a scripted caller for tests and benchmarks, in real time.
+
+It is the session's `Sink` and its microphone at once. It plays a timeline into the
+session as 20 ms frames on a drift-free real-time grid: speech, silence, waits for the
+assistant (until a reply is done, or until some seconds of it were heard, to interrupt
+there), and mixes into its microphone the echo of what it hears (attenuated, delayed),
+as a speakerphone without echo cancellation would. It "plays" each frame the moment it
+arrives, and records every frame and event with its arrival time.
+
+    timeline ─► mic frames (speech | silence) + echo ─► session.push_audio
+    session ─► audio / event / flush ─► recorded, and echoed into the mic
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from audio_io.frame import AudioFrame
+from audio_io.pcm import RUNTIME_RATE
+from audio_io.resample import resample
+from duplex import events as ev
+from duplex.events import Event
+from duplex.session import Session
+
+FRAME = RUNTIME_RATE // 50  # 20 ms
+
+
+@dataclass(frozen=True)
+class Speak:
+    samples: npt.NDArray[np.int16]  # 16 kHz mono
+
+    def voiced(self) -> tuple[float, float]:
+        """Seconds from the start to the first and past the last voiced 10 ms."""
+        hop = RUNTIME_RATE // 100
+        n = self.samples.size // hop
+        if n == 0:
+            return 0.0, self.samples.size / RUNTIME_RATE
+        energy = np.sqrt(np.mean(self.samples[: n * hop].astype(np.float64).reshape(n, hop) ** 2, axis=1))
+        loud = np.nonzero(energy > energy.max() * 0.01)[0]
+        if loud.size == 0:
+            return 0.0, self.samples.size / RUNTIME_RATE
+        return float(loud[0]) / 100, float(loud[-1] + 1) / 100
+
+
+@dataclass(frozen=True)
+class Silence:
+    seconds: float
+
+
+@dataclass(frozen=True)
+class UntilReplyDone:
+    """Silence until the assistant's reply is done (or `timeout`), then `after` more."""
+
+    timeout: float = 30.0
+    after: float = 0.0
+
+
+@dataclass(frozen=True)
+class UntilHeard:
+    """Silence until `seconds` of the current reply's audio have arrived (to interrupt there)."""
+
+    seconds: float
+    timeout: float = 30.0
+
+
+Step = Speak | Silence | UntilReplyDone | UntilHeard
+
+
+@dataclass
+class Received:
+    at: float
+    response_id: str
+    samples: int  # at the voice's rate
+
+
+@dataclass
+class VirtualCaller:
+    echo_db: float | None = None  # e.g. -20: the assistant's voice comes back this much quieter
+    echo_delay_s: float = 0.1
+    frames: list[Received] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    flushes: list[float] = field(default_factory=list)
+    speech_ends: list[float] = field(default_factory=list)  # when each Speak step's audio ended
+    speech_starts: list[float] = field(default_factory=list)
+    voice_spans: list[tuple[float, float]] = field(default_factory=list)  # (first, last) voiced instants
+
+    def __post_init__(self) -> None:
+        self._start = 0.0
+        self._echo = np.zeros(0, np.float32)  # future mic additions, from mic position _echo_base
+        self._echo_base = 0
+        self._mic_position = 0
+        self._heard: dict[str, int] = {}
+        self._rate = 0
+
+    # -- Sink --
+
+    def audio(self, frame: AudioFrame, response_id: str) -> None:
+        now = time.monotonic()
+        self._rate = frame.sample_rate
+        self.frames.append(Received(now, response_id, frame.num_samples))
+        self.events.append(Event(ev.AUDIO_DELTA, {"response_id": response_id}, now))
+        self._heard[response_id] = self._heard.get(response_id, 0) + frame.num_samples
+        if self.echo_db is not None and self._start:
+            echo = resample(frame.samples, frame.sample_rate, RUNTIME_RATE).astype(np.float32)
+            echo *= 10 ** (self.echo_db / 20)
+            at = round((now + self.echo_delay_s - self._start) * RUNTIME_RATE) - self._echo_base
+            at = max(at, self._mic_position - self._echo_base)
+            end = at + echo.size
+            if end > self._echo.size:
+                self._echo = np.concatenate([self._echo, np.zeros(end - self._echo.size, np.float32)])
+            self._echo[at:end] += echo
+
+    def event(self, event: Event) -> None:
+        self.events.append(event)
+
+    def flush(self) -> None:
+        self.flushes.append(time.monotonic())
+
+    # -- the microphone --
+
+    def heard_s(self, response_id: str) -> float:
+        return self._heard.get(response_id, 0) / self._rate if self._rate else 0.0
+
+    def _replied(self) -> bool:
+        """A reply ended after the caller last stopped speaking."""
+        since = self.speech_ends[-1] if self.speech_ends else 0.0
+        return any(e.at > since for e in self.of_type(ev.RESPONSE_DONE))
+
+    def _current_response(self) -> str | None:
+        created = [e for e in self.events if e.type == ev.RESPONSE_CREATED]
+        return str(created[-1].data["response_id"]) if created else None
+
+    async def play(self, session: Session, timeline: list[Step], rate: int = RUNTIME_RATE) -> None:
+        """Play the timeline into the session in real time (`rate`: the mic's rate)."""
+        self._start = time.monotonic()
+        k = 0  # frames played
+        for step in timeline:
+            speech = step.samples if isinstance(step, Speak) else None
+            if isinstance(step, Speak):
+                begin = self._start + k * 0.02
+                self.speech_starts.append(begin)
+                first, last = step.voiced()
+                self.voice_spans.append((begin + first, begin + last))
+            done = 0
+            deadline = time.monotonic() + (getattr(step, "timeout", 0.0) or 0.0)
+            after: float | None = None
+            while True:
+                if isinstance(step, Speak):
+                    assert speech is not None
+                    if done >= speech.size:
+                        self.speech_ends.append(self._start + k * 0.02)
+                        break
+                    chunk = speech[done : done + FRAME]
+                elif isinstance(step, Silence):
+                    if done >= round(step.seconds * RUNTIME_RATE):
+                        break
+                    chunk = np.zeros(0, np.int16)
+                elif isinstance(step, UntilReplyDone):
+                    if after is None and (self._replied() or time.monotonic() > deadline):
+                        after = time.monotonic() + step.after
+                    if after is not None and time.monotonic() >= after:
+                        break
+                    chunk = np.zeros(0, np.int16)
+                else:
+                    current = self._current_response()
+                    if (current and self.heard_s(current) >= step.seconds) or time.monotonic() > deadline:
+                        break
+                    chunk = np.zeros(0, np.int16)
+                frame = np.zeros(FRAME, np.float32)
+                frame[: chunk.size] = chunk
+                frame += self._take_echo()
+                mic = np.clip(np.rint(frame), -32768, 32767).astype(np.int16)
+                if rate != RUNTIME_RATE:
+                    mic = resample(mic, RUNTIME_RATE, rate)
+                session.push_audio(AudioFrame(mic, rate, capture_time=time.monotonic()))
+                done += FRAME
+                k += 1
+                delay = self._start + k * 0.02 - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+
+    def _take_echo(self) -> npt.NDArray[np.float32]:
+        start = self._mic_position - self._echo_base
+        out = np.zeros(FRAME, np.float32)
+        part = self._echo[start : start + FRAME]
+        out[: part.size] = part
+        self._mic_position += FRAME
+        if start + FRAME > 4 * RUNTIME_RATE:  # drop what was played
+            self._echo = self._echo[start + FRAME :]
+            self._echo_base = self._mic_position
+        return out
+
+    # -- reading the record --
+
+    def first_frame(self, response_id: str) -> float | None:
+        return next((f.at for f in self.frames if f.response_id == response_id), None)
+
+    def last_frame(self, response_id: str) -> float | None:
+        return max((f.at for f in self.frames if f.response_id == response_id), default=None)
+
+    def played(self, response_id: str) -> int:
+        """Samples of this reply the caller played (it plays each frame as it arrives)."""
+        return sum(f.samples for f in self.frames if f.response_id == response_id)
+
+    def of_type(self, type_: str) -> list[Event]:
+        return [e for e in self.events if e.type == type_]
+
+    def sequence(
+        self, ignore: frozenset[str] = frozenset({ev.STATE, ev.METRICS, ev.TEXT_DELTA})
+    ) -> list[str]:
+        """Event types in order, deltas of a kind collapsed into one."""
+        out: list[str] = []
+        for e in self.events:
+            if e.type in ignore or (out and out[-1] == e.type and e.type.endswith(".delta")):
+                continue
+            out.append(e.type)
+        return out
+
+
+def heard_by_marks(text: str, marks: list[tuple[int, int, int, int]], played: int) -> str:
+    """The caller's own account of what it heard of a reply: the text up to the last word
+    (``(char_start, char_end, sample_start, sample_end)``) of which at least half was
+    played. Independent of the server's ledger, to check it."""
+    heard = [m for m in marks if m[2] + -(-(m[3] - m[2]) // 2) <= played]
+    return text[: heard[-1][1]] if heard else ""

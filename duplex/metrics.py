@@ -1,0 +1,74 @@
+"""Prometheus metrics of the runtime (exported at ``GET /metrics``), and the loop-lag probe.
+
+Latencies are histograms in seconds, per Prometheus convention; each turn's breakdown
+is also sent to the session's client as a ``duplex.turn.metrics`` event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from prometheus_client import Counter, Gauge, Histogram
+
+_LATENCY = (0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0)
+
+SESSIONS = Gauge("duplex_sessions_active", "sessions open now")
+VOICE_TO_VOICE = Histogram(
+    "duplex_voice_to_voice_seconds",
+    "end of the caller's speech to the first reply frame leaving the server",
+    buckets=_LATENCY,
+)
+TURN_STEP = Histogram(
+    "duplex_turn_step_seconds",
+    "one step of a turn: endpoint, asr_final, llm_first_token, first_phrase, tts_first_audio, send",
+    ["step"],
+    buckets=_LATENCY,
+)
+BARGE_IN_STOP = Histogram(
+    "duplex_barge_in_stop_seconds",
+    "onset of the caller's speech over a reply to the reply's audio stopping",
+    buckets=_LATENCY,
+)
+BARGE_INS = Counter("duplex_barge_ins_total", "replies cut by the caller")
+RESUMES = Counter("duplex_false_interruptions_total", "replies paused by speech without words, then resumed")
+LOOP_LAG = Histogram(
+    "duplex_event_loop_lag_seconds",
+    "how late a 10 ms timer fires on the event loop",
+    buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0),
+)
+
+
+def observe_turn(breakdown_ms: dict[str, float]) -> None:
+    for name, value in breakdown_ms.items():
+        if name == "voice_to_voice_ms":
+            VOICE_TO_VOICE.observe(value / 1000)
+        else:
+            TURN_STEP.labels(name.removesuffix("_ms")).observe(value / 1000)
+
+
+class LoopLag:
+    """Measures event-loop lag with a 10 ms timer until `stop`; keeps the samples (ms)."""
+
+    def __init__(self, period: float = 0.010) -> None:
+        self.period = period
+        self.samples_ms: list[float] = []
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="loop-lag")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            due = time.perf_counter() + self.period
+            await asyncio.sleep(self.period)
+            lag = max(0.0, time.perf_counter() - due)
+            LOOP_LAG.observe(lag)
+            self.samples_ms.append(lag * 1000)
+            del self.samples_ms[:-100_000]

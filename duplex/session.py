@@ -1,0 +1,528 @@
+"""`Session`: one conversation, transport-agnostic.
+
+A transport hands the session inbound `AudioFrame`s and control calls, and gives it a
+`Sink` for what goes out: audio frames (20 ms, at the voice's rate), events, and a
+`flush` that tells the transport to drop the audio it still buffers (barge-in).
+
+    push_audio ─► inbound queue ─► _listen: resample, Listener (VAD + ASR) ─► turn-taking
+                                                                                 │
+    Sink.audio ◄─ _send ◄─ Pacer ◄─ _synthesize (TTS) ◄─ _generate (LLM) ◄─ Response
+
+Turn-taking (all decided in `_listen`, one place):
+
+- the caller's committed words are prefilled into the LLM's KV while they speak;
+- the end of the turn is the VAD's silence (``end_of_turn_ms``) with words from ASR;
+- speech that starts while the assistant talks is first checked against the echo of
+  what was sent (`EchoGate`): echo is ignored, utterance and all;
+- otherwise outbound audio is paused at once (`Pacer.pause`, `Sink.flush`): the
+  interruption is *tentative*. A word other than a backchannel ("uh-huh", "okay",
+  "right") makes it a barge-in: the reply's LLM and TTS work is cancelled, the reply
+  is cut to the words the caller heard (playout ledger and TTS word marks), in the
+  conversation and in its KV, and the utterance becomes the next user turn. An
+  utterance that ends without such a word (a cough, a "mm-hmm") resumes the reply
+  where it paused (false-interruption resume).
+
+Every task has an owner: the session owns `_listen` and the current `Response`, a
+`Response` owns its three tasks; `close` cancels and awaits them all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from audio_io.frame import AudioFrame
+from audio_io.ledger import PlayoutLedger, TextMark
+from audio_io.pacer import Pacer
+from audio_io.pcm import RUNTIME_RATE
+from audio_io.resample import Resampler, downmix
+from duplex import events as ev
+from duplex import metrics
+from duplex.echo import EchoGate, peak_db
+from duplex.engines import Engines
+from duplex.events import Event, SessionError
+from duplex.state import State, StateMachine
+from models.conversation import Conversation, check_user_text
+from models.listen import Listener, ListenEvent, ListenEventKind
+from models.llm import LlmError
+from models.tts import TtsStream, WordMark
+from models.vad import VadConfig
+
+log = logging.getLogger("duplex.session")
+
+BACKCHANNELS = frozenset(
+    ("uh-huh", "uh", "huh", "mm-hmm", "mm", "hmm", "mhm", "hm", "okay", "ok", "yeah", "yes", "yep")
+    + ("right", "sure", "alright", "aha", "ah", "oh", "um", "i", "see")
+)
+ECHO_CHECK_SAMPLES = RUNTIME_RATE // 2  # speech over the reply is judged on its last 0.5 s
+_WORD = re.compile(r"[a-z]+(?:-[a-z]+)*")
+
+
+def is_backchannel(text: str) -> bool:
+    """True for an utterance of backchannel words only (or none)."""
+    return all(word in BACKCHANNELS for word in _WORD.findall(text.lower()))
+
+
+class Sink(Protocol):
+    """What a transport gives the session for its output; calls must not block."""
+
+    def audio(self, frame: AudioFrame, response_id: str) -> None: ...
+
+    def event(self, event: Event) -> None: ...
+
+    def flush(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    input_rate: int = RUNTIME_RATE
+    input_channels: int = 1
+    system_prompt: str | None = None
+    end_of_turn_ms: int = 400  # VAD silence that ends the caller's turn
+    resume_false_interruptions: bool = True  # speech over the reply with no words resumes it
+    echo_suppression_db: float = 12.0
+    max_inbound_s: float = 10.0  # audio waiting to be heard; more is dropped, with an error
+    playback_acks: bool = False  # the transport reports playback; else sent counts as played
+
+    def __post_init__(self) -> None:
+        if self.input_rate not in (8000, 16000, 24000, 32000, 44100, 48000):
+            raise SessionError("bad_audio_format", f"unsupported input rate {self.input_rate} Hz")
+        if self.input_channels not in (1, 2):
+            raise SessionError("bad_audio_format", f"unsupported channel count {self.input_channels}")
+
+
+@dataclass
+class TurnTimes:
+    """Monotonic times of one turn's steps, for its latency breakdown."""
+
+    speech_end: float | None = None  # when the caller's last voiced sample arrived
+    stopped: float | None = None  # the VAD declared the end of the turn
+    final: float | None = None  # ASR's final text
+    first_token: float | None = None
+    first_phrase: float | None = None  # the first phrase's text is complete
+    first_audio: float | None = None  # TTS produced the first frame
+    first_sent: float | None = None  # the first frame left the server
+
+    def breakdown_ms(self) -> dict[str, float]:
+        def ms(a: float | None, b: float | None) -> float | None:
+            return None if a is None or b is None else round((b - a) * 1000, 1)
+
+        steps = {
+            "endpoint_ms": ms(self.speech_end, self.stopped),
+            "asr_final_ms": ms(self.stopped, self.final),
+            "llm_first_token_ms": ms(self.final, self.first_token),
+            "first_phrase_ms": ms(self.first_token, self.first_phrase),
+            "tts_first_audio_ms": ms(self.first_phrase, self.first_audio),
+            "send_ms": ms(self.first_audio, self.first_sent),
+            "voice_to_voice_ms": ms(self.speech_end, self.first_sent),
+        }
+        return {k: v for k, v in steps.items() if v is not None}
+
+
+@dataclass
+class Response:
+    """One assistant reply in flight: its text, its audio, and the tasks making them."""
+
+    id: str
+    item_id: str
+    tts: TtsStream
+    pacer: Pacer
+    times: TurnTimes
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    synthesized: bool = False  # TTS has produced every frame
+    text_done: bool = False  # the LLM has finished the reply
+    in_conversation: bool = False  # the conversation holds this reply as its last turn
+    status: str = "in_progress"
+
+
+@dataclass
+class Interruption:
+    """Caller speech over the reply, not yet judged a barge-in or a false alarm."""
+
+    onset: float  # monotonic time of the VAD's speech start
+    position: int  # its 16 kHz stream position
+    words: str = ""
+
+
+class Session:
+    _ids = itertools.count()
+
+    def __init__(self, engines: Engines, sink: Sink, config: SessionConfig | None = None) -> None:
+        self.engines = engines
+        self.sink = sink
+        self.config = config or SessionConfig()
+        self.id = f"sess_{next(self._ids)}"
+        self.machine = StateMachine(self._on_state)
+        self.conversation = Conversation(engines.llm, self.config.system_prompt)
+        self.ledger = PlayoutLedger(engines.tts.sample_rate)
+        self.echo = EchoGate(self.config.echo_suppression_db)
+        self._listener: Listener | None = None
+        self._resampler = Resampler(self.config.input_rate, RUNTIME_RATE)
+        self._inbound: asyncio.Queue[AudioFrame | None] = asyncio.Queue()
+        self._inbound_s = 0.0
+        self._listen_task: asyncio.Task[None] | None = None
+        self._response: Response | None = None
+        self._interruption: Interruption | None = None
+        self._echo_utterance = False  # the utterance in progress is the assistant's echo
+        self._utterance_start = 0  # stream position of the caller's speech start
+        self._arrivals: list[tuple[int, float]] = []  # (16 kHz stream end position, arrival time)
+        self._position = 0
+        self._items = itertools.count()
+        self._times = TurnTimes()
+        self._user_item = "item_none"
+        self._prefills: set[asyncio.Task[None]] = set()
+        self.dropped_inbound_s = 0.0
+        self.barge_ins = 0
+        self.resumes = 0
+
+    # -- lifecycle --
+
+    @property
+    def state(self) -> State:
+        return self.machine.state
+
+    async def start(self) -> None:
+        vad = VadConfig(min_silence_ms=self.config.end_of_turn_ms)
+        self._listener = Listener(self.engines.vad, self.engines.asr, vad)
+        self._listen_task = asyncio.create_task(self._listen(), name=f"{self.id}-listen")
+        metrics.SESSIONS.inc()
+        self.machine.to(State.LISTENING)
+
+    async def close(self) -> None:
+        """End the session: stop every task and free the KV; idempotent."""
+        if self.state is State.CLOSED:
+            return
+        self.machine.to(State.CLOSED)
+        if self._listen_task is not None:
+            metrics.SESSIONS.dec()
+        if self._response is not None:
+            await self._stop_response(self._response, "cancelled")
+        tasks = [*self._prefills] + ([self._listen_task] if self._listen_task else [])
+        for task in tasks:
+            task.cancel()
+        await _gather_cancelled(tasks)
+        if self._listener is not None:
+            self._listener.close()
+        self.conversation.close()
+
+    # -- input from the transport --
+
+    def push_audio(self, frame: AudioFrame) -> None:
+        """Inbound audio; bad audio is an ``error`` event, and the session goes on."""
+        if self.state is State.CLOSED:
+            return
+        if frame.sample_rate != self.config.input_rate or frame.channels != self.config.input_channels:
+            self._error(
+                SessionError(
+                    "bad_audio_format",
+                    f"audio at {frame.sample_rate} Hz x{frame.channels}, the session takes "
+                    f"{self.config.input_rate} Hz x{self.config.input_channels}",
+                )
+            )
+            return
+        if self._inbound_s + frame.duration > self.config.max_inbound_s:
+            self.dropped_inbound_s += frame.duration
+            self._error(SessionError("input_overflow", "audio arrives faster than real time; dropped"))
+            return
+        self._inbound_s += frame.duration
+        self._inbound.put_nowait(frame)
+
+    async def push_text(self, text: str) -> None:
+        """A user turn as text (instead of speech): the reply in progress, if any, ends."""
+        try:
+            text = check_user_text(text)
+        except LlmError as e:
+            self._error(SessionError("bad_text", str(e)))
+            return
+        if self._response is not None:
+            await self._cut(self._response)
+        self._respond(text, TurnTimes(final=time.monotonic()))
+
+    async def cancel(self) -> None:
+        """The client cancels the reply in progress (kept as far as it was heard)."""
+        if self._response is not None:
+            await self._cut(self._response)
+            self.machine.to(State.LISTENING)
+
+    def playback(self, stream_position: int) -> None:
+        """The transport played the output stream up to this many samples."""
+        self.ledger.record_played(stream_position)
+
+    # -- hearing --
+
+    async def _listen(self) -> None:
+        assert self._listener is not None
+        while (frame := await self._inbound.get()) is not None:
+            self._inbound_s = max(0.0, self._inbound_s - frame.duration)
+            samples = self._resampler.process(downmix(frame.samples, frame.channels))
+            self._position += samples.size
+            self._arrivals.append((self._position, time.monotonic()))
+            del self._arrivals[: max(0, len(self._arrivals) - 200)]
+            try:
+                for event in await self._listener.push(samples):
+                    await self._on_listen(event)
+                await self._check_interruption()
+            except LlmError as e:  # this session's turn could not be served; the session goes on
+                self._error(SessionError("llm_error", str(e)))
+            except Exception:  # a bug: this session reports it, every other one carries on
+                log.exception("session %s: listening failed", self.id)
+                self._error(SessionError("internal_error", "the server failed to process this audio"))
+
+    def _arrival(self, position: int) -> float:
+        """When the audio at this 16 kHz stream position arrived."""
+        for end, at in self._arrivals:
+            if end >= position:
+                return at
+        return time.monotonic()
+
+    async def _on_listen(self, event: ListenEvent) -> None:
+        kind = event.kind
+        if kind is ListenEventKind.SPEECH_STARTED:
+            await self._speech_started(event)
+        elif self._echo_utterance:
+            if kind is ListenEventKind.FINAL:
+                self._echo_utterance = False
+        elif kind is ListenEventKind.PARTIAL:
+            assert event.result is not None
+            if self._interruption is not None:
+                # judged on words ASR has committed (seen alike by two passes): a partial
+                # of a short sound is where Whisper hallucinates ("You", "Thank you.")
+                self._interruption.words = " ".join(w.text for w in event.result.committed)
+            else:
+                self._emit(ev.TRANSCRIPT_DELTA, item_id=self._user_item, delta=event.result.text)
+                committed = " ".join(w.text for w in event.result.committed)
+                if committed and self._response is None:
+                    self._prefill(committed)
+        elif kind is ListenEventKind.SPEECH_STOPPED:
+            self._times.speech_end = self._arrival(event.position)
+            self._times.stopped = event.at
+            if self._interruption is None:
+                self._emit(ev.SPEECH_STOPPED, item_id=self._user_item, audio_end_ms=event.position // 16)
+        elif kind is ListenEventKind.FINAL:
+            assert event.result is not None
+            await self._final(event.result.text.strip(), event)
+
+    async def _speech_started(self, event: ListenEvent) -> None:
+        self._utterance_start = event.position
+        response = self._response
+        if response is not None and self._sending(response):
+            self._echo_utterance = True  # until its level says otherwise (_check_echo)
+            self._check_echo(response, event.at)
+            return
+        if response is not None:  # still thinking, nothing heard yet: the caller goes on
+            await self._cut(response)
+        self._user_item = f"item_{next(self._items)}"
+        self._times = TurnTimes()
+        self.machine.to(State.USER_SPEAKING)
+        self._emit(ev.SPEECH_STARTED, item_id=self._user_item, audio_start_ms=event.position // 16)
+
+    def _check_echo(self, response: Response, at: float) -> None:
+        """Speech over the reply: echo, or the caller? Re-checked as the utterance goes on,
+        so a caller whose first syllable was quiet still gets through."""
+        assert self._listener is not None
+        recent = max(self._utterance_start, self._position - ECHO_CHECK_SAMPLES)
+        voiced = self._listener.history_since(recent)
+        if self.echo.is_echo(peak_db(voiced), self._arrival(recent), time.monotonic()):
+            return
+        self._echo_utterance = False
+        response.pacer.pause()  # nothing more leaves from here on
+        self.sink.flush()
+        stop_s = time.monotonic() - self._arrival(self._utterance_start)
+        metrics.BARGE_IN_STOP.observe(stop_s)
+        self._interruption = Interruption(at, self._utterance_start)
+        self._times = TurnTimes()
+        self.machine.to(State.INTERRUPTED)
+
+    def _prefill(self, words: str) -> None:
+        """Feed the caller's committed words to the LLM in the background (never blocks
+        hearing); calls that pile up coalesce in `Conversation.prefill`."""
+
+        async def run() -> None:
+            try:
+                await self.conversation.prefill(words)
+            except LlmError as e:
+                self._error(SessionError("llm_error", str(e)))
+
+        task = asyncio.create_task(run(), name=f"{self.id}-prefill")
+        self._prefills.add(task)
+        task.add_done_callback(self._prefills.discard)
+
+    async def _check_interruption(self) -> None:
+        """Judge a tentative interruption as soon as its words say it is one."""
+        response = self._response
+        if self._echo_utterance and response is not None and self._listener and self._listener.speaking:
+            self._check_echo(response, time.monotonic())
+        pending = self._interruption
+        if pending is not None and response is not None and not is_backchannel(pending.words):
+            await self._barge_in(pending)
+
+    async def _barge_in(self, pending: Interruption) -> None:
+        assert self._response is not None
+        self._interruption = None
+        self.barge_ins += 1
+        metrics.BARGE_INS.inc()
+        self._user_item = f"item_{next(self._items)}"
+        self.machine.to(State.USER_SPEAKING)
+        self._emit(ev.SPEECH_STARTED, item_id=self._user_item, audio_start_ms=pending.position // 16)
+        await self._cut(self._response)
+        if pending.words:
+            self._emit(ev.TRANSCRIPT_DELTA, item_id=self._user_item, delta=pending.words)
+
+    async def _final(self, text: str, event: ListenEvent) -> None:
+        self._times.final = event.at
+        pending = self._interruption
+        if pending is not None:
+            pending.words = text
+            if is_backchannel(text) and (text or self.config.resume_false_interruptions):
+                self._interruption = None  # a backchannel, or no words at all: go on
+                self._resume()
+                return
+            await self._barge_in(pending)
+        self._emit(ev.TRANSCRIPT_DONE, item_id=self._user_item, transcript=text)
+        if text:
+            self._respond(text, self._times)
+        elif self._response is None:
+            self.machine.to(State.LISTENING)
+
+    def _resume(self) -> None:
+        response = self._response
+        if response is None:
+            self.machine.to(State.LISTENING)
+            return
+        self.resumes += 1
+        metrics.RESUMES.inc()
+        response.pacer.resume()
+        self.machine.to(State.RESPONDING)
+        self._emit(ev.RESUMED, response_id=response.id)
+
+    # -- speaking --
+
+    def _sending(self, response: Response) -> bool:
+        """The reply has audio going out, or about to (not merely thinking)."""
+        return response.times.first_sent is not None
+
+    def _respond(self, text: str, times: TurnTimes) -> None:
+        assert self._response is None, "a response is already in progress"
+        n = next(self._items)
+        response = Response(f"resp_{n}", f"item_{n}", self.engines.tts.stream(), Pacer(), times)
+        self._response = response
+        self.ledger.start_turn(response.id)
+        self.machine.to(State.RESPONDING)
+        self._emit(ev.RESPONSE_CREATED, response_id=response.id, item_id=response.item_id)
+        response.tasks = [
+            asyncio.create_task(self._generate(response, text), name=f"{response.id}-llm"),
+            asyncio.create_task(self._synthesize(response), name=f"{response.id}-tts"),
+            asyncio.create_task(self._send(response), name=f"{response.id}-send"),
+        ]
+
+    async def _generate(self, response: Response, text: str) -> None:
+        try:
+            async for delta in self.conversation.reply(text):
+                response.in_conversation = True
+                if response.times.first_token is None:
+                    response.times.first_token = time.monotonic()
+                self.ledger.turn(response.id).add_text(delta)
+                if response.tts.push_text(delta) and response.times.first_phrase is None:
+                    response.times.first_phrase = time.monotonic()
+                self._emit(ev.TEXT_DELTA, response_id=response.id, item_id=response.item_id, delta=delta)
+        except LlmError as e:
+            self._error(SessionError("llm_error", str(e)))
+        finally:
+            if response.tts.end_text() and response.times.first_phrase is None:
+                response.times.first_phrase = time.monotonic()
+            response.text_done = True
+
+    async def _synthesize(self, response: Response) -> None:
+        turn = self.ledger.turn(response.id)
+        async for item in response.tts.frames():
+            if isinstance(item, WordMark):
+                turn.add_mark(TextMark(item.char_start, item.char_end, item.sample_start, item.sample_end))
+                continue
+            if response.times.first_audio is None:
+                response.times.first_audio = time.monotonic()
+            self.ledger.record_generated(response.id, item.num_samples)
+            response.pacer.put(item)
+        response.synthesized = True
+        self.ledger.finish_turn(response.id)
+        if response.pacer.queued_frames == 0:
+            response.pacer.close()
+
+    async def _send(self, response: Response) -> None:
+        async for frame in response.pacer.frames():
+            now = time.monotonic()
+            if response.times.first_sent is None:
+                response.times.first_sent = now
+                breakdown = response.times.breakdown_ms()
+                metrics.observe_turn(breakdown)
+                self._emit(ev.METRICS, response_id=response.id, **breakdown)
+            position = self.ledger.record_sent(response.id, frame.num_samples)
+            if not self.config.playback_acks:
+                self.ledger.record_played(position)
+            self.echo.record_sent(frame.samples, now)
+            self.sink.audio(frame, response.id)
+            if response.synthesized and response.pacer.queued_frames == 0:
+                break
+        if response.synthesized and self._response is response:
+            await self._finish(response, "completed")
+
+    async def _finish(self, response: Response, status: str) -> None:
+        """The reply ended (played out, or cut): tell the client, listen again."""
+        if self._response is not response:
+            return
+        self._response = None
+        response.status = status
+        self._emit(ev.RESPONSE_DONE, response_id=response.id, item_id=response.item_id, status=status)
+        if self.state is State.RESPONDING:
+            self.machine.to(State.LISTENING)
+
+    async def _cut(self, response: Response) -> None:
+        """Barge-in or cancel: stop everything of the reply, keep what was heard."""
+        response.pacer.pause()
+        response.pacer.clear()
+        response.tts.cancel()
+        for task in response.tasks:  # synchronous: none of them runs again
+            task.cancel()
+        await self.conversation.abort()
+        await self._stop_response(response, "cancelled")
+        self.ledger.discard_unsent(response.id)
+        heard = self.ledger.heard_text(response.id)
+        if response.in_conversation:
+            self.conversation.truncate(heard)
+        self._emit(
+            ev.TRUNCATED,
+            item_id=response.item_id,
+            content_index=0,
+            audio_end_ms=self.ledger.audio_end_ms(response.id),
+            transcript=heard,
+        )
+
+    async def _stop_response(self, response: Response, status: str) -> None:
+        for task in response.tasks:
+            task.cancel()
+        await _gather_cancelled(response.tasks)
+        await self._finish(response, status)
+
+    # -- output to the transport --
+
+    def _emit(self, type_: str, **data: object) -> None:
+        self.sink.event(Event(type_, dict(data)))
+
+    def _error(self, error: SessionError) -> None:
+        log.info("session %s: %s: %s", self.id, error.code, error)
+        self.sink.event(error.event())
+
+    def _on_state(self, old: State, new: State) -> None:
+        self._emit(ev.STATE, state=new.value, previous=old.value)
+
+
+async def _gather_cancelled(tasks: list[asyncio.Task[None]]) -> None:
+    """Await tasks that were cancelled; any other failure is logged, not raised."""
+    results: list[object] = await asyncio.gather(*tasks, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
+            log.error("response task failed", exc_info=result)

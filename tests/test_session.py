@@ -1,0 +1,192 @@
+"""The duplex runtime with the real models, driven by the virtual caller in real time."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from audio_io.pcm import RUNTIME_RATE
+from audio_io.resample import resample
+from duplex import events as ev
+from duplex.caller import Silence, Speak, UntilHeard, UntilReplyDone, VirtualCaller
+from duplex.engines import Engines
+from duplex.session import Session, SessionConfig, is_backchannel
+from duplex.state import State
+
+pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
+
+
+@pytest.fixture(scope="module")
+def engines(vad_engine, asr_engine, tts_engine, llm_engine):
+    return Engines(vad_engine, asr_engine, tts_engine, llm_engine)
+
+
+def speech(tts_engine, text: str) -> np.ndarray:
+    synthesis = tts_engine.synthesize(text)
+    return resample(synthesis.audio, tts_engine.sample_rate, RUNTIME_RATE)
+
+
+async def converse(engines, timeline, caller: VirtualCaller | None = None, **config):
+    caller = caller or VirtualCaller()
+    session = Session(engines, caller, SessionConfig(**config))
+    await session.start()
+    try:
+        await caller.play(session, timeline)
+    finally:
+        await session.close()
+    return session, caller
+
+
+async def test_backchannels_are_recognized():
+    assert is_backchannel("Uh-huh.") and is_backchannel("okay, yeah") and is_backchannel("")
+    assert not is_backchannel("Okay, stop.") and not is_backchannel("Wait")
+
+
+async def test_a_normal_turn_in_order(engines, tts_engine):
+    question = speech(tts_engine, "Hello there. What is the capital city of France?")
+    session, caller = await converse(
+        engines, [Silence(0.3), Speak(question), UntilReplyDone(timeout=30, after=0.3)]
+    )
+    assert caller.sequence() == [
+        ev.SPEECH_STARTED,
+        ev.TRANSCRIPT_DELTA,
+        ev.SPEECH_STOPPED,
+        ev.TRANSCRIPT_DONE,
+        ev.RESPONSE_CREATED,
+        ev.AUDIO_DELTA,
+        ev.RESPONSE_DONE,
+    ]
+    states = [e.data["state"] for e in caller.of_type(ev.STATE)]
+    assert states == ["listening", "user_speaking", "responding", "listening", "closed"]
+    (done,) = caller.of_type(ev.RESPONSE_DONE)
+    assert done.data["status"] == "completed"
+    assert "capital" in caller.of_type(ev.TRANSCRIPT_DONE)[0].data["transcript"].lower()
+    reply = "".join(e.data["delta"] for e in caller.of_type(ev.TEXT_DELTA))
+    assert "Paris" in reply
+    assert session.conversation.messages()[2]["content"] == reply
+    (metrics,) = caller.of_type(ev.METRICS)
+    assert {"endpoint_ms", "asr_final_ms", "llm_first_token_ms", "voice_to_voice_ms"} <= metrics.data.keys()
+    # every generated sample of the reply reached the caller
+    turn = session.ledger.turn(done.data["response_id"])
+    assert sum(f.samples for f in caller.frames) == turn.sent == turn.generated
+
+
+async def test_barge_in_cuts_the_reply_to_what_was_heard(engines, tts_engine):
+    ask = speech(tts_engine, "Please tell me a long story about a brave little dragon.")
+    stop = speech(tts_engine, "Stop please. What is two plus two?")
+    session, caller = await converse(
+        engines,
+        [Silence(0.3), Speak(ask), UntilHeard(1.5), Speak(stop), UntilReplyDone(timeout=30, after=0.3)],
+    )
+    assert caller.sequence() == [
+        ev.SPEECH_STARTED,
+        ev.TRANSCRIPT_DELTA,
+        ev.SPEECH_STOPPED,
+        ev.TRANSCRIPT_DONE,
+        ev.RESPONSE_CREATED,
+        ev.AUDIO_DELTA,
+        ev.SPEECH_STARTED,  # the barge-in
+        ev.RESPONSE_DONE,  # the first reply, cancelled
+        ev.TRUNCATED,
+        ev.TRANSCRIPT_DELTA,
+        ev.SPEECH_STOPPED,
+        ev.TRANSCRIPT_DONE,
+        ev.RESPONSE_CREATED,
+        ev.AUDIO_DELTA,
+        ev.RESPONSE_DONE,
+    ]
+    first, second = caller.of_type(ev.RESPONSE_DONE)
+    assert first.data["status"] == "cancelled" and second.data["status"] == "completed"
+    cut_id = first.data["response_id"]
+    # nothing of the cut reply left after the flush that paused it
+    assert caller.flushes
+    assert all(f.at <= caller.flushes[0] for f in caller.frames if f.response_id == cut_id)
+    # the truncated text is exactly the words whose audio (half of each) was played
+    played = sum(f.samples for f in caller.frames if f.response_id == cut_id)
+    turn = session.ledger.turn(cut_id)
+    heard_marks = [
+        m for m in turn.marks if m.sample_start + -(-(m.sample_end - m.sample_start) // 2) <= played
+    ]
+    expected = turn.text[: heard_marks[-1].char_end] if heard_marks else ""
+    (truncated,) = caller.of_type(ev.TRUNCATED)
+    assert truncated.data["transcript"] == expected
+    assert truncated.data["audio_end_ms"] == played * 1000 // tts_engine.sample_rate
+    assert 1.0 < played / tts_engine.sample_rate < 2.5  # cut near where the caller spoke
+    assert len(expected) < len(turn.text)
+    # the conversation (and so the next prompt) holds the heard text only
+    messages = session.conversation.messages()
+    assert messages[2]["content"] == expected
+    assert "stop" in messages[3]["content"].lower() and "plus" in messages[3]["content"].lower()
+    assert session.barge_ins == 1
+
+
+async def test_the_assistants_own_echo_does_not_interrupt_it(engines, tts_engine):
+    caller = VirtualCaller(echo_db=-20, echo_delay_s=0.15)
+    ask = speech(tts_engine, "Please tell me a short story about a cat.")
+    session, caller = await converse(
+        engines, [Silence(0.3), Speak(ask), UntilReplyDone(timeout=40, after=0.5)], caller
+    )
+    (done,) = caller.of_type(ev.RESPONSE_DONE)
+    assert done.data["status"] == "completed"
+    assert session.barge_ins == 0 and session.resumes == 0
+    assert not caller.flushes
+
+
+async def test_a_backchannel_does_not_interrupt(engines, tts_engine):
+    ask = speech(tts_engine, "Please tell me a long story about a brave little dragon.")
+    session, caller = await converse(
+        engines,
+        [
+            Silence(0.3),
+            Speak(ask),
+            UntilHeard(1.0),
+            Speak(speech(tts_engine, "Uh-huh.")),
+            UntilReplyDone(timeout=40, after=0.3),
+        ],
+    )
+    (done,) = caller.of_type(ev.RESPONSE_DONE)
+    assert done.data["status"] == "completed"
+    assert session.barge_ins == 0
+    assert not caller.of_type(ev.TRUNCATED)
+
+
+async def test_bad_audio_is_an_error_and_the_session_goes_on(engines, tts_engine):
+    from audio_io.frame import AudioFrame
+
+    caller = VirtualCaller()
+    session = Session(engines, caller, SessionConfig())
+    await session.start()
+    try:
+        session.push_audio(AudioFrame(np.zeros(441, np.int16), 22050))  # the wrong rate
+        for _ in range(600):  # 12 s at once: more than the 10 s it may queue
+            session.push_audio(AudioFrame(np.zeros(320, np.int16), RUNTIME_RATE))
+        codes = [e.data["error"]["code"] for e in caller.of_type(ev.ERROR)]
+        assert codes[0] == "bad_audio_format" and "input_overflow" in codes
+        question = speech(tts_engine, "What is the capital city of France?")
+        await caller.play(session, [Silence(0.2), Speak(question), UntilReplyDone(timeout=30)])
+        assert "Paris" in "".join(e.data["delta"] for e in caller.of_type(ev.TEXT_DELTA))
+    finally:
+        await session.close()
+    assert session.state is State.CLOSED
+
+
+async def test_a_disconnect_mid_reply_leaves_no_task_behind(engines, tts_engine):
+    before = asyncio.all_tasks()
+    caller = VirtualCaller()
+    session = Session(engines, caller, SessionConfig())
+    await session.start()
+    ask = speech(tts_engine, "Please tell me a long story about a brave little dragon.")
+    await caller.play(session, [Silence(0.3), Speak(ask), UntilHeard(0.5)])
+    assert session.state is State.RESPONDING
+    await session.close()
+    await session.close()  # idempotent
+    await asyncio.sleep(0.05)
+    assert asyncio.all_tasks() - before - {asyncio.current_task()} == set()
+    # the engines serve the next session as before
+    _, caller = await converse(
+        engines,
+        [Silence(0.2), Speak(speech(tts_engine, "What is the capital city of France?")), UntilReplyDone()],
+    )
+    assert "Paris" in "".join(e.data["delta"] for e in caller.of_type(ev.TEXT_DELTA))
