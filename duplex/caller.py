@@ -132,12 +132,15 @@ class VirtualCaller:
         return any(e.at > since for e in self.of_type(ev.RESPONSE_DONE))
 
     def _current_response(self) -> str | None:
-        created = [e for e in self.events if e.type == ev.RESPONSE_CREATED]
+        """The reply to the caller's last words (created after they stopped speaking)."""
+        since = self.speech_ends[-1] if self.speech_ends else 0.0
+        created = [e for e in self.of_type(ev.RESPONSE_CREATED) if e.at > since]
         return str(created[-1].data["response_id"]) if created else None
 
     async def play(self, session: Session, timeline: list[Step], rate: int = RUNTIME_RATE) -> None:
         """Play the timeline into the session in real time (`rate`: the mic's rate)."""
         self._start = time.monotonic()
+        self._echo, self._echo_base, self._mic_position = np.zeros(0, np.float32), 0, 0
         k = 0  # frames played
         for step in timeline:
             speech = step.samples if isinstance(step, Speak) else None

@@ -31,9 +31,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from audio_io.frame import AudioFrame
@@ -43,29 +42,21 @@ from audio_io.pcm import RUNTIME_RATE
 from audio_io.resample import Resampler, downmix
 from duplex import events as ev
 from duplex import metrics
-from duplex.echo import EchoGate, peak_db
+from duplex.echo import EchoGate, first_above, peak_db
 from duplex.engines import Engines
 from duplex.events import Event, SessionError
 from duplex.state import State, StateMachine
+from duplex.turn import Interruption, Response, TurnTimes, is_backchannel
 from models.conversation import Conversation, check_user_text
 from models.listen import Listener, ListenEvent, ListenEventKind
 from models.llm import LlmError
-from models.tts import TtsStream, WordMark
+from models.tts import WordMark
 from models.vad import VadConfig
 
 log = logging.getLogger("duplex.session")
 
-BACKCHANNELS = frozenset(
-    ("uh-huh", "uh", "huh", "mm-hmm", "mm", "hmm", "mhm", "hm", "okay", "ok", "yeah", "yes", "yep")
-    + ("right", "sure", "alright", "aha", "ah", "oh", "um", "i", "see")
-)
 ECHO_CHECK_SAMPLES = RUNTIME_RATE // 2  # speech over the reply is judged on its last 0.5 s
-_WORD = re.compile(r"[a-z]+(?:-[a-z]+)*")
-
-
-def is_backchannel(text: str) -> bool:
-    """True for an utterance of backchannel words only (or none)."""
-    return all(word in BACKCHANNELS for word in _WORD.findall(text.lower()))
+ECHO_PREROLL = RUNTIME_RATE // 10  # ASR starts this far before the caller's voice rose over the echo
 
 
 class Sink(Protocol):
@@ -86,6 +77,8 @@ class SessionConfig:
     end_of_turn_ms: int = 400  # VAD silence that ends the caller's turn
     resume_false_interruptions: bool = True  # speech over the reply with no words resumes it
     echo_suppression_db: float = 12.0
+    speculative_replies: bool = True  # begin the reply, silently, at a pause in the caller's voice
+    barge_in_min_speech_ms: int = 64  # while the reply plays, speech starts sooner (96 otherwise)
     max_inbound_s: float = 10.0  # audio waiting to be heard; more is dropped, with an error
     playback_acks: bool = False  # the transport reports playback; else sent counts as played
 
@@ -94,59 +87,6 @@ class SessionConfig:
             raise SessionError("bad_audio_format", f"unsupported input rate {self.input_rate} Hz")
         if self.input_channels not in (1, 2):
             raise SessionError("bad_audio_format", f"unsupported channel count {self.input_channels}")
-
-
-@dataclass
-class TurnTimes:
-    """Monotonic times of one turn's steps, for its latency breakdown."""
-
-    speech_end: float | None = None  # when the caller's last voiced sample arrived
-    stopped: float | None = None  # the VAD declared the end of the turn
-    final: float | None = None  # ASR's final text
-    first_token: float | None = None
-    first_phrase: float | None = None  # the first phrase's text is complete
-    first_audio: float | None = None  # TTS produced the first frame
-    first_sent: float | None = None  # the first frame left the server
-
-    def breakdown_ms(self) -> dict[str, float]:
-        def ms(a: float | None, b: float | None) -> float | None:
-            return None if a is None or b is None else round((b - a) * 1000, 1)
-
-        steps = {
-            "endpoint_ms": ms(self.speech_end, self.stopped),
-            "asr_final_ms": ms(self.stopped, self.final),
-            "llm_first_token_ms": ms(self.final, self.first_token),
-            "first_phrase_ms": ms(self.first_token, self.first_phrase),
-            "tts_first_audio_ms": ms(self.first_phrase, self.first_audio),
-            "send_ms": ms(self.first_audio, self.first_sent),
-            "voice_to_voice_ms": ms(self.speech_end, self.first_sent),
-        }
-        return {k: v for k, v in steps.items() if v is not None}
-
-
-@dataclass
-class Response:
-    """One assistant reply in flight: its text, its audio, and the tasks making them."""
-
-    id: str
-    item_id: str
-    tts: TtsStream
-    pacer: Pacer
-    times: TurnTimes
-    tasks: list[asyncio.Task[None]] = field(default_factory=list)
-    synthesized: bool = False  # TTS has produced every frame
-    text_done: bool = False  # the LLM has finished the reply
-    in_conversation: bool = False  # the conversation holds this reply as its last turn
-    status: str = "in_progress"
-
-
-@dataclass
-class Interruption:
-    """Caller speech over the reply, not yet judged a barge-in or a false alarm."""
-
-    onset: float  # monotonic time of the VAD's speech start
-    position: int  # its 16 kHz stream position
-    words: str = ""
 
 
 class Session:
@@ -175,8 +115,10 @@ class Session:
         self._items = itertools.count()
         self._times = TurnTimes()
         self._user_item = "item_none"
-        self._prefills: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Task[None]] = set()  # prefills and speculations
+        self.speculations_dropped = 0
         self.dropped_inbound_s = 0.0
+        self._input_errors: set[str] = set()
         self.barge_ins = 0
         self.resumes = 0
 
@@ -187,8 +129,8 @@ class Session:
         return self.machine.state
 
     async def start(self) -> None:
-        vad = VadConfig(min_silence_ms=self.config.end_of_turn_ms)
-        self._listener = Listener(self.engines.vad, self.engines.asr, vad)
+        self._vad_config = VadConfig(min_silence_ms=self.config.end_of_turn_ms)
+        self._listener = Listener(self.engines.vad, self.engines.asr, self._vad_config)
         self._listen_task = asyncio.create_task(self._listen(), name=f"{self.id}-listen")
         metrics.SESSIONS.inc()
         self.machine.to(State.LISTENING)
@@ -202,7 +144,7 @@ class Session:
             metrics.SESSIONS.dec()
         if self._response is not None:
             await self._stop_response(self._response, "cancelled")
-        tasks = [*self._prefills] + ([self._listen_task] if self._listen_task else [])
+        tasks = [*self._background] + ([self._listen_task] if self._listen_task else [])
         for task in tasks:
             task.cancel()
         await _gather_cancelled(tasks)
@@ -217,7 +159,7 @@ class Session:
         if self.state is State.CLOSED:
             return
         if frame.sample_rate != self.config.input_rate or frame.channels != self.config.input_channels:
-            self._error(
+            self._error_once(
                 SessionError(
                     "bad_audio_format",
                     f"audio at {frame.sample_rate} Hz x{frame.channels}, the session takes "
@@ -227,8 +169,9 @@ class Session:
             return
         if self._inbound_s + frame.duration > self.config.max_inbound_s:
             self.dropped_inbound_s += frame.duration
-            self._error(SessionError("input_overflow", "audio arrives faster than real time; dropped"))
+            self._error_once(SessionError("input_overflow", "audio arrives faster than real time; dropped"))
             return
+        self._input_errors.clear()  # a good frame: the next bad one is reported again
         self._inbound_s += frame.duration
         self._inbound.put_nowait(frame)
 
@@ -239,15 +182,22 @@ class Session:
         except LlmError as e:
             self._error(SessionError("bad_text", str(e)))
             return
-        if self._response is not None:
-            await self._cut(self._response)
+        await self._end_response()
         self._respond(text, TurnTimes(final=time.monotonic()))
 
     async def cancel(self) -> None:
         """The client cancels the reply in progress (kept as far as it was heard)."""
         if self._response is not None:
-            await self._cut(self._response)
+            await self._end_response()
             self.machine.to(State.LISTENING)
+
+    async def _end_response(self) -> None:
+        """Whatever reply is in progress ends: cut if it was heard, dropped if held back."""
+        response = self._response
+        if response is not None and response.held:
+            await self._drop(response)
+        elif response is not None:
+            await self._cut(response)
 
     def playback(self, stream_position: int) -> None:
         """The transport played the output stream up to this many samples."""
@@ -267,6 +217,9 @@ class Session:
                 for event in await self._listener.push(samples):
                     await self._on_listen(event)
                 await self._check_interruption()
+                held = self._response
+                if held is not None and held.held and self._listener.speaking and not self._listener.paused:
+                    await self._drop(held)  # the caller went on after the pause
             except LlmError as e:  # this session's turn could not be served; the session goes on
                 self._error(SessionError("llm_error", str(e)))
             except Exception:  # a bug: this session reports it, every other one carries on
@@ -298,6 +251,9 @@ class Session:
                 committed = " ".join(w.text for w in event.result.committed)
                 if committed and self._response is None:
                     self._prefill(committed)
+        elif kind is ListenEventKind.PAUSED:
+            if self.config.speculative_replies and self._interruption is None and self._response is None:
+                self._speculate()
         elif kind is ListenEventKind.SPEECH_STOPPED:
             self._times.speech_end = self._arrival(event.position)
             self._times.stopped = event.at
@@ -310,30 +266,46 @@ class Session:
     async def _speech_started(self, event: ListenEvent) -> None:
         self._utterance_start = event.position
         response = self._response
-        if response is not None and self._sending(response):
+        playing = response if response is not None and self._sending(response) else None
+        if playing is not None or self.echo.active(time.monotonic()):
             self._echo_utterance = True  # until its level says otherwise (_check_echo)
-            self._check_echo(response, event.at)
+            await self._check_echo(playing, event.at)
             return
         if response is not None:  # still thinking, nothing heard yet: the caller goes on
-            await self._cut(response)
+            await self._end_response()
         self._user_item = f"item_{next(self._items)}"
         self._times = TurnTimes()
         self.machine.to(State.USER_SPEAKING)
         self._emit(ev.SPEECH_STARTED, item_id=self._user_item, audio_start_ms=event.position // 16)
 
-    def _check_echo(self, response: Response, at: float) -> None:
+    async def _check_echo(self, response: Response | None, at: float) -> None:
         """Speech over the reply: echo, or the caller? Re-checked as the utterance goes on,
-        so a caller whose first syllable was quiet still gets through."""
+        so a caller whose first syllable was quiet still gets through, and after the reply
+        has ended, so a caller who speaks while its echo fades is heard."""
         assert self._listener is not None
         recent = max(self._utterance_start, self._position - ECHO_CHECK_SAMPLES)
         voiced = self._listener.history_since(recent)
-        if self.echo.is_echo(peak_db(voiced), self._arrival(recent), time.monotonic()):
+        start, now = self._arrival(recent), time.monotonic()
+        threshold = self.echo.threshold_db(start, now)
+        onset = first_above(voiced, threshold)
+        if onset is None:
+            log.debug("echo: %.1f dB under %.1f dB", peak_db(voiced), threshold)
             return
+        caller_start = recent + onset - ECHO_PREROLL
+        if caller_start > self._utterance_start:  # the VAD's utterance began with echo
+            self._utterance_start = caller_start
+            self._listener.restart(caller_start)
         self._echo_utterance = False
+        if response is None:  # no reply playing (it ended, or is still being thought): a new turn
+            await self._end_response()
+            self._user_item = f"item_{next(self._items)}"
+            self._times = TurnTimes()
+            self.machine.to(State.USER_SPEAKING)
+            self._emit(ev.SPEECH_STARTED, item_id=self._user_item, audio_start_ms=self._utterance_start // 16)
+            return
         response.pacer.pause()  # nothing more leaves from here on
         self.sink.flush()
-        stop_s = time.monotonic() - self._arrival(self._utterance_start)
-        metrics.BARGE_IN_STOP.observe(stop_s)
+        metrics.BARGE_IN_STOP.observe(time.monotonic() - self._arrival(recent + onset))
         self._interruption = Interruption(at, self._utterance_start)
         self._times = TurnTimes()
         self.machine.to(State.INTERRUPTED)
@@ -348,15 +320,19 @@ class Session:
             except LlmError as e:
                 self._error(SessionError("llm_error", str(e)))
 
-        task = asyncio.create_task(run(), name=f"{self.id}-prefill")
-        self._prefills.add(task)
-        task.add_done_callback(self._prefills.discard)
+        self._own(asyncio.create_task(run(), name=f"{self.id}-prefill"))
+
+    def _own(self, task: asyncio.Task[None]) -> None:
+        """A background task of the session: kept until done, cancelled by `close`."""
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _check_interruption(self) -> None:
         """Judge a tentative interruption as soon as its words say it is one."""
         response = self._response
-        if self._echo_utterance and response is not None and self._listener and self._listener.speaking:
-            self._check_echo(response, time.monotonic())
+        if self._echo_utterance and self._listener and self._listener.speaking:
+            playing = response if response is not None and self._sending(response) else None
+            await self._check_echo(playing, time.monotonic())
         pending = self._interruption
         if pending is not None and response is not None and not is_backchannel(pending.words):
             await self._barge_in(pending)
@@ -374,6 +350,13 @@ class Session:
             self._emit(ev.TRANSCRIPT_DELTA, item_id=self._user_item, delta=pending.words)
 
     async def _final(self, text: str, event: ListenEvent) -> None:
+        held = self._response
+        if held is not None and held.held:
+            if text and text == held.user_text:
+                self._emit(ev.TRANSCRIPT_DONE, item_id=self._user_item, transcript=text)
+                self._release(held)
+                return
+            await self._drop(held)
         self._times.final = event.at
         pending = self._interruption
         if pending is not None:
@@ -402,23 +385,79 @@ class Session:
 
     # -- speaking --
 
+    def _quick_onsets(self, on: bool) -> None:
+        """While the reply plays, the VAD confirms speech sooner: a barge-in must stop it
+        fast, and a false start costs only a pause (the reply resumes)."""
+        assert self._listener is not None
+        vad = self._listener.vad
+        ms = self.config.barge_in_min_speech_ms if on else self._vad_config.min_speech_ms
+        vad.config = replace(vad.config, min_speech_ms=ms)
+
     def _sending(self, response: Response) -> bool:
         """The reply has audio going out, or about to (not merely thinking)."""
         return response.times.first_sent is not None
 
-    def _respond(self, text: str, times: TurnTimes) -> None:
+    def _respond(self, text: str, times: TurnTimes, held: bool = False) -> None:
         assert self._response is None, "a response is already in progress"
         n = next(self._items)
         response = Response(f"resp_{n}", f"item_{n}", self.engines.tts.stream(), Pacer(), times)
+        response.user_text, response.held = text, held
         self._response = response
         self.ledger.start_turn(response.id)
-        self.machine.to(State.RESPONDING)
-        self._emit(ev.RESPONSE_CREATED, response_id=response.id, item_id=response.item_id)
+        if held:
+            response.pacer.pause()
+        else:
+            self.machine.to(State.RESPONDING)
+        self._emit_for(response, ev.RESPONSE_CREATED)
         response.tasks = [
             asyncio.create_task(self._generate(response, text), name=f"{response.id}-llm"),
             asyncio.create_task(self._synthesize(response), name=f"{response.id}-tts"),
             asyncio.create_task(self._send(response), name=f"{response.id}-send"),
         ]
+
+    def _emit_for(self, response: Response, type_: str, **data: object) -> None:
+        """An event of a response: kept back while the response is speculative."""
+        event = Event(type_, {"response_id": response.id, "item_id": response.item_id, **data})
+        if response.held:
+            response.held_events.append(event)
+        else:
+            self.sink.event(event)
+
+    # -- speculative replies: begun at a pause in the caller's voice --
+
+    def _speculate(self) -> None:
+        """The caller paused: start the reply to what they said so far, silently."""
+        assert self._listener is not None
+        asr = self._listener.asr
+        times = self._times
+
+        async def run() -> None:
+            text = await asr.speculative()
+            times.final = time.monotonic()
+            if text and self._response is None and self._listener and self._listener.paused:
+                self._respond(text.strip(), times, held=True)
+
+        self._own(asyncio.create_task(run(), name=f"{self.id}-speculate"))
+
+    def _release(self, response: Response) -> None:
+        """The turn did end with the words the held reply answers: let it be heard."""
+        response.held = False
+        self.machine.to(State.RESPONDING)
+        for event in response.held_events:
+            self.sink.event(event)
+        response.held_events.clear()
+        response.pacer.resume()
+
+    async def _drop(self, response: Response) -> None:
+        """The caller went on: the held reply goes, leaving no trace in the conversation."""
+        for task in response.tasks:
+            task.cancel()
+        await self.conversation.abort()
+        await _gather_cancelled(response.tasks)
+        if response.in_conversation:
+            self.conversation.retract()
+        self._response = None
+        self.speculations_dropped += 1
 
     async def _generate(self, response: Response, text: str) -> None:
         try:
@@ -429,7 +468,7 @@ class Session:
                 self.ledger.turn(response.id).add_text(delta)
                 if response.tts.push_text(delta) and response.times.first_phrase is None:
                     response.times.first_phrase = time.monotonic()
-                self._emit(ev.TEXT_DELTA, response_id=response.id, item_id=response.item_id, delta=delta)
+                self._emit_for(response, ev.TEXT_DELTA, delta=delta)
         except LlmError as e:
             self._error(SessionError("llm_error", str(e)))
         finally:
@@ -457,6 +496,7 @@ class Session:
             now = time.monotonic()
             if response.times.first_sent is None:
                 response.times.first_sent = now
+                self._quick_onsets(True)
                 breakdown = response.times.breakdown_ms()
                 metrics.observe_turn(breakdown)
                 self._emit(ev.METRICS, response_id=response.id, **breakdown)
@@ -475,8 +515,9 @@ class Session:
         if self._response is not response:
             return
         self._response = None
+        self._quick_onsets(False)
         response.status = status
-        self._emit(ev.RESPONSE_DONE, response_id=response.id, item_id=response.item_id, status=status)
+        self._emit_for(response, ev.RESPONSE_DONE, status=status)
         if self.state is State.RESPONDING:
             self.machine.to(State.LISTENING)
 
@@ -511,6 +552,12 @@ class Session:
 
     def _emit(self, type_: str, **data: object) -> None:
         self.sink.event(Event(type_, dict(data)))
+
+    def _error_once(self, error: SessionError) -> None:
+        """Report a bad-input condition once, not once per frame, until good input returns."""
+        if error.code not in self._input_errors:
+            self._input_errors.add(error.code)
+            self._error(error)
 
     def _error(self, error: SessionError) -> None:
         log.info("session %s: %s: %s", self.id, error.code, error)

@@ -51,6 +51,9 @@ PREVIOUS_TEXT_TOKENS = 48  # context from before the window, as Whisper's previo
 NO_SPEECH_THRESHOLD = 0.6
 
 
+MAX_DECODE_TOKENS = 448  # Whisper's decoder context
+
+
 def limit_blas_threads() -> None:
     """One BLAS thread for numpy in this process.
 
@@ -170,11 +173,14 @@ class AsrEngine:
         states = np.concatenate([states, self._silence_states[:, states.shape[1] :]], axis=1)
         encoder_output = self._ct2.StorageView.from_array(np.ascontiguousarray(states))
         seconds = audio.size / SAMPLE_RATE
+        prompt = self.prompt(previous or []) + prefix
         result = self.model.model.generate(
             encoder_output,
-            [self.prompt(previous or []) + prefix],
+            [prompt],
             beam_size=1,
-            max_length=len(prefix) + int(8 * seconds) + 16,
+            # CTranslate2 counts the prompt in max_length: without it, a long previous
+            # text left no room at all ("The maximum decoding length must be > 0")
+            max_length=min(MAX_DECODE_TOKENS, len(prompt) + int(8 * seconds) + 16),
             return_no_speech_prob=True,
         )[0]
         tokens = [t for t in result.sequences_ids[0] if t < self.tokenizer.eot]
@@ -372,6 +378,17 @@ class AsrStream:
             self.cancel()
         words = [*self._earlier, *hyp.words]
         return AsrResult(_join(words), tuple(_public(w) for w in words), True, job.end, job.compute_ms)
+
+    async def speculative(self) -> str | None:
+        """The text of the speculative final started at the last pause, once ready (None
+        if there is none, or it was dropped because the caller went on)."""
+        job = self._candidate
+        if job is None:
+            return None
+        await asyncio.wait([job.future])
+        if job.future.cancelled() or job.future.exception() is not None or job.cancelled:
+            return None
+        return _join([*self._earlier, *job.future.result().words])
 
     async def idle(self) -> None:
         """Wait until no partial pass is pending (offline use: lockstep with the audio)."""

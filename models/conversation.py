@@ -224,6 +224,12 @@ class Conversation:
         if self._replying and self._stream is not None:
             await self.engine.abort(self._stream.request_id)
 
+    def retract(self) -> None:
+        """Forget the last turn, question and reply (a reply begun speculatively, at a
+        pause the caller then talked through); the KV follows at the next turn."""
+        assert self.turns, "retract without a turn"
+        self.turns.pop()
+
     def truncate(self, heard_text: str) -> None:
         """Cut the last reply to the text the caller heard (a prefix of what was generated)."""
         assert self.turns, "truncate without a reply"

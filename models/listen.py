@@ -27,6 +27,7 @@ ASR_TAIL = 160 * RUNTIME_RATE // 1000  # audio past the VAD's end position that 
 class ListenEventKind(enum.Enum):
     SPEECH_STARTED = "speech_started"
     PARTIAL = "partial"
+    PAUSED = "paused"  # the voice paused: the turn may be over (ASR's speculative final runs)
     SPEECH_STOPPED = "speech_stopped"
     FINAL = "final"
 
@@ -66,6 +67,21 @@ class Listener:
         pause = self.vad.pause
         return pause if self.speaking and pause is not None else self._end
 
+    @property
+    def paused(self) -> bool:
+        """In an utterance, in a pause the VAD has announced (speech may still resume)."""
+        return self.speaking and self.vad.pause is not None and self.vad.pause_announced
+
+    def restart(self, position: int) -> None:
+        """The utterance in progress begins again at ``position``: what the VAD heard
+        before it was not the caller (the assistant's echo), and must not be transcribed."""
+        assert self.speaking, "restart outside an utterance"
+        while not self.asr.results.empty():
+            self.asr.results.get_nowait()
+        start = max(position, self._end - self._history.size)
+        self.asr.begin(start)
+        self.asr.push(self._slice(start, self._end))
+
     def history_since(self, position: int) -> npt.NDArray[np.int16]:
         """The audio from this stream position on, as far as the last two seconds hold it."""
         return self._slice(position, self._end)
@@ -90,6 +106,7 @@ class Listener:
                 events.append(ListenEvent(ListenEventKind.SPEECH_STARTED, event.position))
             elif event.kind is VadEventKind.PAUSE:
                 self.asr.pause(event.position + ASR_TAIL)
+                events.append(ListenEvent(ListenEventKind.PAUSED, event.position))
             elif event.kind is VadEventKind.SPEECH_END:
                 self.speaking = False
                 events.extend(self._partials())

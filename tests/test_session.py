@@ -12,8 +12,9 @@ from audio_io.resample import resample
 from duplex import events as ev
 from duplex.caller import Silence, Speak, UntilHeard, UntilReplyDone, VirtualCaller
 from duplex.engines import Engines
-from duplex.session import Session, SessionConfig, is_backchannel
+from duplex.session import Session, SessionConfig
 from duplex.state import State
+from duplex.turn import is_backchannel
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
 
@@ -41,6 +42,7 @@ async def converse(engines, timeline, caller: VirtualCaller | None = None, **con
 
 async def test_backchannels_are_recognized():
     assert is_backchannel("Uh-huh.") and is_backchannel("okay, yeah") and is_backchannel("")
+    assert is_backchannel("Thank you.") and is_backchannel("Then, then, then, then,")
     assert not is_backchannel("Okay, stop.") and not is_backchannel("Wait")
 
 
@@ -146,6 +148,8 @@ async def test_a_backchannel_does_not_interrupt(engines, tts_engine):
             UntilReplyDone(timeout=40, after=0.3),
         ],
     )
+    heard = [e.data for e in caller.events if "transcription" in e.type and e.data["item_id"] != "item_0"]
+    assert len(caller.of_type(ev.RESPONSE_DONE)) == 1, heard
     (done,) = caller.of_type(ev.RESPONSE_DONE)
     assert done.data["status"] == "completed"
     assert session.barge_ins == 0
@@ -190,3 +194,61 @@ async def test_a_disconnect_mid_reply_leaves_no_task_behind(engines, tts_engine)
         [Silence(0.2), Speak(speech(tts_engine, "What is the capital city of France?")), UntilReplyDone()],
     )
     assert "Paris" in "".join(e.data["delta"] for e in caller.of_type(ev.TEXT_DELTA))
+
+
+async def test_speech_without_words_over_the_reply_resumes_it(engines, tts_engine):
+    ask = speech(tts_engine, "Please tell me a long story about a brave little dragon.")
+    session, caller = await converse(
+        engines,
+        [Silence(0.3), Speak(ask), UntilHeard(1.0), Speak(speech(tts_engine, "Ahh.")), Silence(3.0)],
+    )
+    assert session.resumes == 1 and session.barge_ins == 0
+    (resumed,) = caller.of_type(ev.RESUMED)
+    rid = resumed.data["response_id"]
+    # paused at once, then the same reply went on where it stopped
+    assert caller.flushes and any(f.at > resumed.at for f in caller.frames if f.response_id == rid)
+    assert not any(caller.flushes[0] < f.at < resumed.at for f in caller.frames)
+    assert not caller.of_type(ev.TRUNCATED) and not caller.of_type(ev.TRANSCRIPT_DONE)[1:]
+
+
+async def test_echo_never_interrupts_over_20_replies(engines, tts_engine):
+    questions = [
+        speech(tts_engine, q) for q in ("Name a color.", "Name a fruit.", "Name an animal.", "Say hi.")
+    ]
+    delays = (0.04, 0.1, 0.17, 0.25)
+    caller = VirtualCaller(echo_db=-20)
+    session = Session(engines, caller, SessionConfig())
+    await session.start()
+    try:
+        for n in range(20):  # the echo's delay changes with each reply
+            caller.echo_delay_s = delays[n % 4]
+            await caller.play(session, [Speak(questions[n % 4]), UntilReplyDone(timeout=30, after=0.4)])
+    finally:
+        await session.close()
+    done = caller.of_type(ev.RESPONSE_DONE)
+    assert len(done) == 20 and all(d.data["status"] == "completed" for d in done)
+    assert session.barge_ins == 0 and session.resumes == 0 and not caller.flushes
+
+
+async def test_a_caller_silent_for_60_s_then_talking_for_60_s(engines, speech_set):
+    # one long utterance: sentences joined by 200 ms gaps, shorter than the end of turn
+    gap = np.zeros(int(0.2 * RUNTIME_RATE), np.int16)
+    talk: list[np.ndarray] = []
+    sentences = iter(speech_set * 5)
+    while sum(a.size for a in talk) < 60 * RUNTIME_RATE:
+        sentence = next(sentences)
+        talk += [sentence.audio[sentence.voiced[0] : sentence.voiced[1]], gap]
+    caller = VirtualCaller()
+    session = Session(engines, caller, SessionConfig())
+    await session.start()
+    try:
+        await caller.play(session, [Silence(60)])
+        assert [e.type for e in caller.events if e.type != ev.STATE] == []  # nothing to say to silence
+        assert session.state is State.LISTENING
+        await caller.play(session, [Speak(np.concatenate(talk)), UntilReplyDone(timeout=60)])
+    finally:
+        await session.close()
+    assert len(caller.of_type(ev.SPEECH_STARTED)) == 1  # one turn, however long
+    (final,) = caller.of_type(ev.TRANSCRIPT_DONE)
+    assert len(final.data["transcript"].split()) > 100
+    assert [d.data["status"] for d in caller.of_type(ev.RESPONSE_DONE)] == ["completed"]
