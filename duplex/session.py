@@ -394,7 +394,7 @@ class Session:
         vad.config = replace(vad.config, min_speech_ms=ms)
 
     def _sending(self, response: Response) -> bool:
-        """The reply has audio going out, or about to (not merely thinking)."""
+        """The reply's audio has begun to go out (it is not merely being thought)."""
         return response.times.first_sent is not None
 
     def _respond(self, text: str, times: TurnTimes, held: bool = False) -> None:
