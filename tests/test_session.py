@@ -252,3 +252,36 @@ async def test_a_caller_silent_for_60_s_then_talking_for_60_s(engines, speech_se
     (final,) = caller.of_type(ev.TRANSCRIPT_DONE)
     assert len(final.data["transcript"].split()) > 100
     assert [d.data["status"] for d in caller.of_type(ev.RESPONSE_DONE)] == ["completed"]
+
+
+async def test_a_session_fed_garbage_does_not_disturb_another(engines, tts_engine):
+    from audio_io.frame import AudioFrame
+
+    before = asyncio.all_tasks()
+    rng = np.random.default_rng(0)
+    bad_caller, good_caller = VirtualCaller(), VirtualCaller()
+    bad = Session(engines, bad_caller, SessionConfig())
+    await bad.start()
+
+    async def garbage() -> None:
+        for i in range(150):  # 3 s of abuse at the pace of real audio
+            if i % 3 == 0:
+                noise = rng.integers(-32768, 32767, 320, dtype=np.int16)  # full-scale noise
+                bad.push_audio(AudioFrame(noise, RUNTIME_RATE))
+            elif i % 3 == 1:
+                bad.push_audio(AudioFrame(np.full(441, 32767, np.int16), 44100))  # wrong rate
+            else:
+                bad.push_audio(AudioFrame(np.zeros(16000 * 12, np.int16), RUNTIME_RATE))  # 12 s at once
+            await asyncio.sleep(0.02)
+        await bad.close()
+
+    question = speech(tts_engine, "What is the capital city of France?")
+    (_, good_caller), _ = await asyncio.gather(
+        converse(engines, [Silence(0.3), Speak(question), UntilReplyDone(timeout=30)], good_caller), garbage()
+    )
+    assert "Paris" in "".join(e.data["delta"] for e in good_caller.of_type(ev.TEXT_DELTA))
+    assert not good_caller.of_type(ev.ERROR)
+    codes = {e.data["error"]["code"] for e in bad_caller.of_type(ev.ERROR)}
+    assert codes == {"bad_audio_format", "input_overflow"}
+    await asyncio.sleep(0.05)
+    assert asyncio.all_tasks() - before - {asyncio.current_task()} == set()
