@@ -22,7 +22,7 @@ import numpy.typing as npt
 
 from audio_io.frame import AudioFrame
 from audio_io.pcm import RUNTIME_RATE
-from audio_io.resample import resample
+from audio_io.resample import Resampler
 from duplex import events as ev
 from duplex.events import Event
 from duplex.session import Session
@@ -86,7 +86,6 @@ class VirtualCaller:
     events: list[Event] = field(default_factory=list)
     flushes: list[float] = field(default_factory=list)
     speech_ends: list[float] = field(default_factory=list)  # when each Speak step's audio ended
-    speech_starts: list[float] = field(default_factory=list)
     voice_spans: list[tuple[float, float]] = field(default_factory=list)  # (first, last) voiced instants
 
     def __post_init__(self) -> None:
@@ -94,8 +93,9 @@ class VirtualCaller:
         self._echo = np.zeros(0, np.float32)  # future mic additions, from mic position _echo_base
         self._echo_base = 0
         self._mic_position = 0
-        self._heard: dict[str, int] = {}
+        self._heard: dict[str, int] = {}  # samples of each reply received (and so played)
         self._rate = 0
+        self._ear: Resampler | None = None  # the reply's audio, as the microphone picks it up
 
     # -- Sink --
 
@@ -106,7 +106,9 @@ class VirtualCaller:
         self.events.append(Event(ev.AUDIO_DELTA, {"response_id": response_id}, now))
         self._heard[response_id] = self._heard.get(response_id, 0) + frame.num_samples
         if self.echo_db is not None and self._start:
-            echo = resample(frame.samples, frame.sample_rate, RUNTIME_RATE).astype(np.float32)
+            if self._ear is None or self._ear.in_rate != frame.sample_rate:
+                self._ear = Resampler(frame.sample_rate, RUNTIME_RATE)
+            echo = self._ear.process(frame.samples).astype(np.float32)
             echo *= 10 ** (self.echo_db / 20)
             at = round((now + self.echo_delay_s - self._start) * RUNTIME_RATE) - self._echo_base
             at = max(at, self._mic_position - self._echo_base)
@@ -124,7 +126,7 @@ class VirtualCaller:
     # -- the microphone --
 
     def heard_s(self, response_id: str) -> float:
-        return self._heard.get(response_id, 0) / self._rate if self._rate else 0.0
+        return self.played(response_id) / self._rate if self._rate else 0.0
 
     def _replied(self) -> bool:
         """A reply ended after the caller last stopped speaking."""
@@ -141,12 +143,11 @@ class VirtualCaller:
         """Play the timeline into the session in real time (`rate`: the mic's rate)."""
         self._start = time.monotonic()
         self._echo, self._echo_base, self._mic_position = np.zeros(0, np.float32), 0, 0
+        mouth = Resampler(RUNTIME_RATE, rate)  # the microphone's rate, if not the runtime's
         k = 0  # frames played
         for step in timeline:
-            speech = step.samples if isinstance(step, Speak) else None
             if isinstance(step, Speak):
                 begin = self._start + k * 0.02
-                self.speech_starts.append(begin)
                 first, last = step.voiced()
                 self.voice_spans.append((begin + first, begin + last))
             done = 0
@@ -154,11 +155,10 @@ class VirtualCaller:
             after: float | None = None
             while True:
                 if isinstance(step, Speak):
-                    assert speech is not None
-                    if done >= speech.size:
+                    if done >= step.samples.size:
                         self.speech_ends.append(self._start + k * 0.02)
                         break
-                    chunk = speech[done : done + FRAME]
+                    chunk = step.samples[done : done + FRAME]
                 elif isinstance(step, Silence):
                     if done >= round(step.seconds * RUNTIME_RATE):
                         break
@@ -177,9 +177,7 @@ class VirtualCaller:
                 frame = np.zeros(FRAME, np.float32)
                 frame[: chunk.size] = chunk
                 frame += self._take_echo()
-                mic = np.clip(np.rint(frame), -32768, 32767).astype(np.int16)
-                if rate != RUNTIME_RATE:
-                    mic = resample(mic, RUNTIME_RATE, rate)
+                mic = mouth.process(np.clip(np.rint(frame), -32768, 32767).astype(np.int16))
                 session.push_audio(AudioFrame(mic, rate, capture_time=time.monotonic()))
                 done += FRAME
                 k += 1
@@ -208,7 +206,7 @@ class VirtualCaller:
 
     def played(self, response_id: str) -> int:
         """Samples of this reply the caller played (it plays each frame as it arrives)."""
-        return sum(f.samples for f in self.frames if f.response_id == response_id)
+        return self._heard.get(response_id, 0)
 
     def of_type(self, type_: str) -> list[Event]:
         return [e for e in self.events if e.type == type_]

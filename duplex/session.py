@@ -29,6 +29,7 @@ Every task has an owner: the session owns `_listen` and the current `Response`, 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import itertools
 import logging
 import time
@@ -101,6 +102,7 @@ class Session:
         self.conversation = Conversation(engines.llm, self.config.system_prompt)
         self.ledger = PlayoutLedger(engines.tts.sample_rate)
         self.echo = EchoGate(self.config.echo_suppression_db)
+        self._vad_config = VadConfig(min_silence_ms=self.config.end_of_turn_ms)
         self._listener: Listener | None = None
         self._resampler = Resampler(self.config.input_rate, RUNTIME_RATE)
         self._inbound: asyncio.Queue[AudioFrame | None] = asyncio.Queue()
@@ -111,13 +113,10 @@ class Session:
         self._echo_utterance = False  # the utterance in progress is the assistant's echo
         self._utterance_start = 0  # stream position of the caller's speech start
         self._arrivals: list[tuple[int, float]] = []  # (16 kHz stream end position, arrival time)
-        self._position = 0
         self._items = itertools.count()
         self._times = TurnTimes()
         self._user_item = "item_none"
         self._background: set[asyncio.Task[None]] = set()  # prefills and speculations
-        self.speculations_dropped = 0
-        self.dropped_inbound_s = 0.0
         self._input_errors: set[str] = set()
         self.barge_ins = 0
         self.resumes = 0
@@ -129,7 +128,6 @@ class Session:
         return self.machine.state
 
     async def start(self) -> None:
-        self._vad_config = VadConfig(min_silence_ms=self.config.end_of_turn_ms)
         self._listener = Listener(self.engines.vad, self.engines.asr, self._vad_config)
         self._listen_task = asyncio.create_task(self._listen(), name=f"{self.id}-listen")
         metrics.SESSIONS.inc()
@@ -143,7 +141,8 @@ class Session:
         if self._listen_task is not None:
             metrics.SESSIONS.dec()
         if self._response is not None:
-            await self._stop_response(self._response, "cancelled")
+            await self._stop_work(self._response)
+            await self._finish(self._response, "cancelled")
         tasks = [*self._background] + ([self._listen_task] if self._listen_task else [])
         for task in tasks:
             task.cancel()
@@ -168,7 +167,6 @@ class Session:
             )
             return
         if self._inbound_s + frame.duration > self.config.max_inbound_s:
-            self.dropped_inbound_s += frame.duration
             self._error_once(SessionError("input_overflow", "audio arrives faster than real time; dropped"))
             return
         self._input_errors.clear()  # a good frame: the next bad one is reported again
@@ -210,8 +208,7 @@ class Session:
         while (frame := await self._inbound.get()) is not None:
             self._inbound_s = max(0.0, self._inbound_s - frame.duration)
             samples = self._resampler.process(downmix(frame.samples, frame.channels))
-            self._position += samples.size
-            self._arrivals.append((self._position, time.monotonic()))
+            self._arrivals.append((self._listener.position + samples.size, time.monotonic()))
             del self._arrivals[: max(0, len(self._arrivals) - 200)]
             try:
                 for event in await self._listener.push(samples):
@@ -228,10 +225,8 @@ class Session:
 
     def _arrival(self, position: int) -> float:
         """When the audio at this 16 kHz stream position arrived."""
-        for end, at in self._arrivals:
-            if end >= position:
-                return at
-        return time.monotonic()
+        i = bisect.bisect_left(self._arrivals, position, key=lambda arrival: arrival[0])
+        return self._arrivals[i][1] if i < len(self._arrivals) else time.monotonic()
 
     async def _on_listen(self, event: ListenEvent) -> None:
         kind = event.kind
@@ -265,25 +260,26 @@ class Session:
 
     async def _speech_started(self, event: ListenEvent) -> None:
         self._utterance_start = event.position
-        response = self._response
-        playing = response if response is not None and self._sending(response) else None
+        playing = self._playing()
         if playing is not None or self.echo.active(time.monotonic()):
             self._echo_utterance = True  # until its level says otherwise (_check_echo)
-            await self._check_echo(playing, event.at)
+            await self._check_echo(playing)
             return
-        if response is not None:  # still thinking, nothing heard yet: the caller goes on
-            await self._end_response()
-        self._user_item = f"item_{next(self._items)}"
+        await self._end_response()  # still thinking, nothing heard yet: the caller goes on
         self._times = TurnTimes()
-        self.machine.to(State.USER_SPEAKING)
-        self._emit(ev.SPEECH_STARTED, item_id=self._user_item, audio_start_ms=event.position // 16)
+        self._begin_user_turn(event.position)
 
-    async def _check_echo(self, response: Response | None, at: float) -> None:
+    def _begin_user_turn(self, position: int) -> None:
+        self._user_item = f"item_{next(self._items)}"
+        self.machine.to(State.USER_SPEAKING)
+        self._emit(ev.SPEECH_STARTED, item_id=self._user_item, audio_start_ms=position // 16)
+
+    async def _check_echo(self, response: Response | None) -> None:
         """Speech over the reply: echo, or the caller? Re-checked as the utterance goes on,
         so a caller whose first syllable was quiet still gets through, and after the reply
         has ended, so a caller who speaks while its echo fades is heard."""
         assert self._listener is not None
-        recent = max(self._utterance_start, self._position - ECHO_CHECK_SAMPLES)
+        recent = max(self._utterance_start, self._listener.position - ECHO_CHECK_SAMPLES)
         voiced = self._listener.history_since(recent)
         start, now = self._arrival(recent), time.monotonic()
         threshold = self.echo.threshold_db(start, now)
@@ -298,15 +294,13 @@ class Session:
         self._echo_utterance = False
         if response is None:  # no reply playing (it ended, or is still being thought): a new turn
             await self._end_response()
-            self._user_item = f"item_{next(self._items)}"
             self._times = TurnTimes()
-            self.machine.to(State.USER_SPEAKING)
-            self._emit(ev.SPEECH_STARTED, item_id=self._user_item, audio_start_ms=self._utterance_start // 16)
+            self._begin_user_turn(self._utterance_start)
             return
         response.pacer.pause()  # nothing more leaves from here on
         self.sink.flush()
         metrics.BARGE_IN_STOP.observe(time.monotonic() - self._arrival(recent + onset))
-        self._interruption = Interruption(at, self._utterance_start)
+        self._interruption = Interruption(self._utterance_start)
         self._times = TurnTimes()
         self.machine.to(State.INTERRUPTED)
 
@@ -331,8 +325,7 @@ class Session:
         """Judge a tentative interruption as soon as its words say it is one."""
         response = self._response
         if self._echo_utterance and self._listener and self._listener.speaking:
-            playing = response if response is not None and self._sending(response) else None
-            await self._check_echo(playing, time.monotonic())
+            await self._check_echo(self._playing())
         pending = self._interruption
         if pending is not None and response is not None and not is_backchannel(pending.words):
             await self._barge_in(pending)
@@ -342,9 +335,7 @@ class Session:
         self._interruption = None
         self.barge_ins += 1
         metrics.BARGE_INS.inc()
-        self._user_item = f"item_{next(self._items)}"
-        self.machine.to(State.USER_SPEAKING)
-        self._emit(ev.SPEECH_STARTED, item_id=self._user_item, audio_start_ms=pending.position // 16)
+        self._begin_user_turn(pending.position)
         await self._cut(self._response)
         if pending.words:
             self._emit(ev.TRANSCRIPT_DELTA, item_id=self._user_item, delta=pending.words)
@@ -393,9 +384,10 @@ class Session:
         ms = self.config.barge_in_min_speech_ms if on else self._vad_config.min_speech_ms
         vad.config = replace(vad.config, min_speech_ms=ms)
 
-    def _sending(self, response: Response) -> bool:
-        """The reply's audio has begun to go out (it is not merely being thought)."""
-        return response.times.first_sent is not None
+    def _playing(self) -> Response | None:
+        """The reply whose audio has begun to go out (not one merely being thought)."""
+        response = self._response
+        return response if response is not None and response.times.first_sent is not None else None
 
     def _respond(self, text: str, times: TurnTimes, held: bool = False) -> None:
         assert self._response is None, "a response is already in progress"
@@ -450,14 +442,10 @@ class Session:
 
     async def _drop(self, response: Response) -> None:
         """The caller went on: the held reply goes, leaving no trace in the conversation."""
-        for task in response.tasks:
-            task.cancel()
-        await self.conversation.abort()
-        await _gather_cancelled(response.tasks)
+        await self._stop_work(response)
         if response.in_conversation:
             self.conversation.retract()
         self._response = None
-        self.speculations_dropped += 1
 
     async def _generate(self, response: Response, text: str) -> None:
         try:
@@ -474,7 +462,6 @@ class Session:
         finally:
             if response.tts.end_text() and response.times.first_phrase is None:
                 response.times.first_phrase = time.monotonic()
-            response.text_done = True
 
     async def _synthesize(self, response: Response) -> None:
         turn = self.ledger.turn(response.id)
@@ -516,20 +503,16 @@ class Session:
             return
         self._response = None
         self._quick_onsets(False)
-        response.status = status
         self._emit_for(response, ev.RESPONSE_DONE, status=status)
         if self.state is State.RESPONDING:
             self.machine.to(State.LISTENING)
 
     async def _cut(self, response: Response) -> None:
         """Barge-in or cancel: stop everything of the reply, keep what was heard."""
-        response.pacer.pause()
         response.pacer.clear()
         response.tts.cancel()
-        for task in response.tasks:  # synchronous: none of them runs again
-            task.cancel()
-        await self.conversation.abort()
-        await self._stop_response(response, "cancelled")
+        await self._stop_work(response)
+        await self._finish(response, "cancelled")
         self.ledger.discard_unsent(response.id)
         heard = self.ledger.heard_text(response.id)
         if response.in_conversation:
@@ -542,11 +525,13 @@ class Session:
             transcript=heard,
         )
 
-    async def _stop_response(self, response: Response, status: str) -> None:
+    async def _stop_work(self, response: Response) -> None:
+        """Cancel the reply's LLM, TTS and send tasks (at once: none of them runs again)
+        and wait for them to end."""
         for task in response.tasks:
             task.cancel()
+        await self.conversation.abort()
         await _gather_cancelled(response.tasks)
-        await self._finish(response, status)
 
     # -- output to the transport --
 

@@ -68,9 +68,7 @@ class Response:
     times: TurnTimes
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     synthesized: bool = False  # TTS has produced every frame
-    text_done: bool = False  # the LLM has finished the reply
     in_conversation: bool = False  # the conversation holds this reply as its last turn
-    status: str = "in_progress"
     user_text: str = ""
     held: bool = False  # speculative: begun at a pause, silent and unannounced until confirmed
     held_events: list[Event] = field(default_factory=list)
@@ -80,6 +78,5 @@ class Response:
 class Interruption:
     """Caller speech over the reply, not yet judged a barge-in or a false alarm."""
 
-    onset: float  # monotonic time of the VAD's speech start
-    position: int  # its 16 kHz stream position
+    position: int  # 16 kHz stream position where the caller's voice began
     words: str = ""

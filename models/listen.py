@@ -61,6 +61,11 @@ class Listener:
         return self._history[max(start, first) - first : max(end, first) - first]
 
     @property
+    def position(self) -> int:
+        """The 16 kHz stream position after the last pushed sample."""
+        return self._end
+
+    @property
     def voiced_until(self) -> int:
         """Where the current utterance's voice stops so far: the start of the pause the
         VAD is in, or the end of the audio."""
