@@ -178,12 +178,12 @@ class VirtualCaller:
                 frame[: chunk.size] = chunk
                 frame += self._take_echo()
                 mic = mouth.process(np.clip(np.rint(frame), -32768, 32767).astype(np.int16))
-                session.push_audio(AudioFrame(mic, rate, capture_time=time.monotonic()))
                 done += FRAME
                 k += 1
                 delay = self._start + k * 0.02 - time.monotonic()
-                if delay > 0:
+                if delay > 0:  # a microphone delivers a frame once it has captured all of it
                     await asyncio.sleep(delay)
+                session.push_audio(AudioFrame(mic, rate, capture_time=time.monotonic()))
 
     def _take_echo(self) -> npt.NDArray[np.float32]:
         start = self._mic_position - self._echo_base

@@ -63,6 +63,8 @@ class Config:
         None, "if set, clients must present this token (Bearer or ?token=)", secret=True
     )
     max_message_bytes: int = _opt(1 << 20, "largest accepted HTTP body or gRPC message")
+    max_sessions: int = _opt(16, "conversations at once, over all transports (more are refused)")
+    session_idle_timeout_s: float = _opt(60.0, "a session whose client sends nothing this long is closed")
     shutdown_timeout_s: float = _opt(4.0, "seconds to drain on SIGINT/SIGTERM before closing")
 
     def __post_init__(self) -> None:
@@ -153,6 +155,10 @@ def _validate(config: Config) -> None:
         raise ConfigError("llm_temperature", "must be within [0, 2]")
     if not 1 <= config.asr_workers <= 64:
         raise ConfigError("asr_workers", "must be within 1-64")
+    if not 1 <= config.max_sessions <= 10_000:
+        raise ConfigError("max_sessions", "must be within 1-10000")
+    if not 1 <= config.session_idle_timeout_s <= 86_400:  # also refuses nan
+        raise ConfigError("session_idle_timeout_s", "must be within 1-86400 s")
     if config.max_message_bytes < 1024:
         raise ConfigError("max_message_bytes", "must be at least 1024")
     if not 0 < config.shutdown_timeout_s <= 4.5:  # also refuses nan

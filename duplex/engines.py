@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from duplex.config import Config
 from models.asr import AsrEngine
+from models.handoff import in_daemon_thread
 from models.llm import LlmEngine
 from models.tts import TtsEngine
 from models.vad import VadEngine
@@ -20,23 +22,45 @@ class Engines:
     llm: LlmEngine
 
     @classmethod
-    async def start(cls, config: Config, deterministic_tts: bool = False) -> Engines:
-        """Load every engine from the configured (and prepared) models."""
+    async def start(
+        cls,
+        config: Config,
+        cache_dir: Path | None = None,
+        deterministic_tts: bool = False,
+        loaded: Callable[[str], None] = lambda component: None,
+    ) -> Engines:
+        """Load every engine from the configured (and prepared) models, off the event
+        loop; ``loaded`` is called with "vad", "asr", "tts" and "llm" as each is up."""
         from duplex.speech_cli import model_path
         from models.cache import configure_engine_caches, default_cache_dir
         from models.prepare import ModelChoice, prepare
 
-        cache = default_cache_dir() if config.cache_dir is None else Path(config.cache_dir)
-        configure_engine_caches(cache)
-        llm_path = prepare([ModelChoice("llm", config.llm)], cache, progress=False)[0].path
-        vad = VadEngine(model_path(config, "vad"))
-        asr = AsrEngine(model_path(config, "asr"), workers=config.asr_workers)
-        tts = TtsEngine(model_path(config, "voice"), deterministic=deterministic_tts)
-        llm = LlmEngine(config.llm_config(llm_path))
+        if cache_dir is None:
+            cache_dir = default_cache_dir() if config.cache_dir is None else Path(config.cache_dir)
+        configure_engine_caches(cache_dir)
+        vad = await in_daemon_thread(lambda: VadEngine(model_path(config, "vad")), "load-vad")
+        loaded("vad")
+        engines: list[VadEngine | AsrEngine | TtsEngine] = [vad]
         try:
+            asr = await in_daemon_thread(
+                lambda: AsrEngine(model_path(config, "asr"), workers=config.asr_workers), "load-asr"
+            )
+            engines.append(asr)
+            loaded("asr")
+            tts = await in_daemon_thread(
+                lambda: TtsEngine(model_path(config, "voice"), deterministic=deterministic_tts), "load-tts"
+            )
+            engines.append(tts)
+            loaded("tts")
+            choice = ModelChoice("llm", config.llm)
+            llm_path = (
+                await in_daemon_thread(lambda: prepare([choice], cache_dir, progress=False), "load-llm")
+            )[0].path
+            llm = LlmEngine(config.llm_config(llm_path))
             await llm.start()
+            loaded("llm")
         except BaseException:
-            for engine in (vad, asr, tts):
+            for engine in engines:
                 engine.close()
             raise
         return cls(vad, asr, tts, llm)

@@ -6,6 +6,11 @@ fails before any port opens), then the HTTP and gRPC listeners start and answer
 converted there once; the server process never imports transformers), and each
 component turns ready. SIGINT/SIGTERM set the stop event; `stop` then ends the
 preparation child and both listeners within ``shutdown_timeout_s``.
+
+Once prepared, the engines are loaded in this process (the LLM's vLLM engine core in
+its own child), and each component turns ready as its engine is up; transports open
+sessions through `Sessions`, which refuses them until then. Shutdown closes every
+session, then the engines.
 """
 
 from __future__ import annotations
@@ -21,9 +26,12 @@ from pathlib import Path
 from aiohttp import web
 
 from duplex.config import Config
+from duplex.engines import Engines
 from duplex.grpc_app import GrpcListener
 from duplex.health import ComponentState, Readiness
 from duplex.http_app import build_http_app
+from duplex.metrics import LoopLag
+from duplex.sessions import Sessions
 from models.prepare import STAGES, ModelChoice, check_models
 
 log = logging.getLogger("duplex.service")
@@ -47,6 +55,9 @@ class Service:
         self.readiness = Readiness(list(COMPONENTS.values()))
         self.stopped = asyncio.Event()
         self.exit_code = 0
+        self.sessions = Sessions(config.max_sessions, config.session_idle_timeout_s)
+        self.engines: Engines | None = None
+        self._loop_lag = LoopLag(period=0.05, keep=False)
         self._runner: web.AppRunner | None = None
         self._grpc: GrpcListener | None = None
         self._prepare_task: asyncio.Task[None] | None = None
@@ -81,6 +92,7 @@ class Service:
             },
         )
         self._prepare_task = asyncio.create_task(self._prepare(), name="prepare-models")
+        self._loop_lag.start()
 
     async def _prepare(self) -> None:
         args = [
@@ -111,9 +123,20 @@ class Service:
             ready = [(COMPONENTS[item["stage"]], item) for item in prepared]
         except (ValueError, KeyError, TypeError) as e:
             return self._prepare_failed(f"unreadable result from duplex prepare: {e}")
-        for component, item in ready:
-            self.readiness.set(component, ComponentState.READY, item["path"])
-            log.info("model ready", extra={"fields": item})
+        details = {component: item["path"] for component, item in ready}
+        for _, item in ready:
+            log.info("model prepared", extra={"fields": item})
+
+        def loaded(component: str) -> None:
+            self.readiness.set(component, ComponentState.READY, details.get(component, ""))
+            log.info("engine ready", extra={"fields": {"component": component}})
+
+        try:
+            self.engines = await Engines.start(self.config, self.cache_dir, loaded=loaded)
+        except Exception as e:  # a model that prepared but does not load
+            log.exception("loading the models failed")
+            return self._prepare_failed(f"loading the models failed: {e}")
+        self.sessions.attach(self.engines)
 
     def _prepare_failed(self, message: str) -> None:
         for component in COMPONENTS.values():
@@ -125,11 +148,16 @@ class Service:
     async def stop(self) -> None:
         """Stop everything within ``shutdown_timeout_s``; safe to call twice."""
         timeout = self.config.shutdown_timeout_s
+        await self._loop_lag.stop()
         if self._prepare_task is not None and not self._prepare_task.done():
             self._prepare_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._prepare_task
         await self._end_child(timeout / 4)
+        await self.sessions.close_all()
+        if self.engines is not None:
+            engines, self.engines = self.engines, None
+            await asyncio.to_thread(engines.close)
         if self._grpc is not None:
             grpc_listener, self._grpc = self._grpc, None
             await grpc_listener.stop(grace=timeout / 4)

@@ -15,12 +15,15 @@ Turn-taking (all decided in `_listen`, one place):
 - speech that starts while the assistant talks is first checked against the echo of
   what was sent (`EchoGate`): echo is ignored, utterance and all;
 - otherwise outbound audio is paused at once (`Pacer.pause`, `Sink.flush`): the
-  interruption is *tentative*. A word other than a backchannel ("uh-huh", "okay",
-  "right") makes it a barge-in: the reply's LLM and TTS work is cancelled, the reply
-  is cut to the words the caller heard (playout ledger and TTS word marks), in the
-  conversation and in its KV, and the utterance becomes the next user turn. An
-  utterance that ends without such a word (a cough, a "mm-hmm") resumes the reply
-  where it paused (false-interruption resume).
+  interruption is *tentative*. (Sooner still: a frame louder than the reply's echo and
+  the room could be pauses the reply before the VAD has decided, ~100 ms earlier; if
+  the VAD hears no caller within ``QUICK_PAUSE_CONFIRM_S``, the reply goes on.)
+  A word other than a backchannel ("uh-huh", "okay", "right") makes it a barge-in:
+  the reply's LLM and TTS work is cancelled, the reply is cut to the words the caller
+  heard (playout ledger and TTS word marks), in the conversation and in its KV, and
+  the utterance becomes the next user turn. An utterance that ends without such a
+  word (a cough, a "mm-hmm") resumes the reply where it paused (false-interruption
+  resume).
 
 Every task has an owner: the session owns `_listen` and the current `Response`, a
 `Response` owns its three tasks; `close` cancels and awaits them all.
@@ -30,11 +33,15 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import collections
 import itertools
 import logging
 import time
 from dataclasses import dataclass, replace
 from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
 
 from audio_io.frame import AudioFrame
 from audio_io.ledger import PlayoutLedger, TextMark
@@ -43,7 +50,7 @@ from audio_io.pcm import RUNTIME_RATE
 from audio_io.resample import Resampler, downmix
 from duplex import events as ev
 from duplex import metrics
-from duplex.echo import EchoGate, first_above, peak_db
+from duplex.echo import EchoGate, first_above, level_db, peak_db
 from duplex.engines import Engines
 from duplex.events import Event, SessionError
 from duplex.state import State, StateMachine
@@ -58,6 +65,10 @@ log = logging.getLogger("duplex.session")
 
 ECHO_CHECK_SAMPLES = RUNTIME_RATE // 2  # speech over the reply is judged on its last 0.5 s
 ECHO_PREROLL = RUNTIME_RATE // 10  # ASR starts this far before the caller's voice rose over the echo
+QUICK_PAUSE_FLOOR_DB = -50.0  # a quieter frame never pauses the reply before the VAD decides
+QUICK_PAUSE_OVER_ROOM_DB = 15.0  # ... nor one less this much above the quietest of the last 2 s
+QUICK_PAUSE_CONFIRM_S = 0.25  # the VAD must confirm the caller's voice this soon, or the reply goes on
+QUICK_PAUSE_HOLDOFF_S = 1.0  # after a false alarm, only the VAD pauses the reply for this long
 
 
 class Sink(Protocol):
@@ -113,6 +124,8 @@ class Session:
         self._echo_utterance = False  # the utterance in progress is the assistant's echo
         self._utterance_start = 0  # stream position of the caller's speech start
         self._arrivals: list[tuple[int, float]] = []  # (16 kHz stream end position, arrival time)
+        self._levels: collections.deque[float] = collections.deque(maxlen=100)  # inbound dB, 20 ms each
+        self._quick_holdoff = 0.0
         self._items = itertools.count()
         self._times = TurnTimes()
         self._user_item = "item_none"
@@ -120,6 +133,9 @@ class Session:
         self._input_errors: set[str] = set()
         self.barge_ins = 0
         self.resumes = 0
+        self.false_alarms = 0  # quick pauses the VAD did not confirm
+        self.last_input = time.monotonic()  # when the transport last sent anything
+        self.closed = asyncio.Event()  # set by `close`, for the transport to end its side
 
     # -- lifecycle --
 
@@ -138,6 +154,7 @@ class Session:
         if self.state is State.CLOSED:
             return
         self.machine.to(State.CLOSED)
+        self.closed.set()
         if self._listen_task is not None:
             metrics.SESSIONS.dec()
         if self._response is not None:
@@ -157,6 +174,7 @@ class Session:
         """Inbound audio; bad audio is an ``error`` event, and the session goes on."""
         if self.state is State.CLOSED:
             return
+        self.last_input = time.monotonic()
         if frame.sample_rate != self.config.input_rate or frame.channels != self.config.input_channels:
             self._error_once(
                 SessionError(
@@ -175,16 +193,18 @@ class Session:
 
     async def push_text(self, text: str) -> None:
         """A user turn as text (instead of speech): the reply in progress, if any, ends."""
+        self.last_input = time.monotonic()
         try:
             text = check_user_text(text)
         except LlmError as e:
-            self._error(SessionError("bad_text", str(e)))
+            self.send_error(SessionError("bad_text", str(e)))
             return
         await self._end_response()
         self._respond(text, TurnTimes(final=time.monotonic()))
 
     async def cancel(self) -> None:
         """The client cancels the reply in progress (kept as far as it was heard)."""
+        self.last_input = time.monotonic()
         if self._response is not None:
             await self._end_response()
             self.machine.to(State.LISTENING)
@@ -199,6 +219,7 @@ class Session:
 
     def playback(self, stream_position: int) -> None:
         """The transport played the output stream up to this many samples."""
+        self.last_input = time.monotonic()
         self.ledger.record_played(stream_position)
 
     # -- hearing --
@@ -208,8 +229,10 @@ class Session:
         while (frame := await self._inbound.get()) is not None:
             self._inbound_s = max(0.0, self._inbound_s - frame.duration)
             samples = self._resampler.process(downmix(frame.samples, frame.channels))
-            self._arrivals.append((self._listener.position + samples.size, time.monotonic()))
+            now = time.monotonic()
+            self._arrivals.append((self._listener.position + samples.size, now))
             del self._arrivals[: max(0, len(self._arrivals) - 200)]
+            self._quick_pause(samples, now - frame.duration, now)
             try:
                 for event in await self._listener.push(samples):
                     await self._on_listen(event)
@@ -218,10 +241,36 @@ class Session:
                 if held is not None and held.held and self._listener.speaking and not self._listener.paused:
                     await self._drop(held)  # the caller went on after the pause
             except LlmError as e:  # this session's turn could not be served; the session goes on
-                self._error(SessionError("llm_error", str(e)))
+                self.send_error(SessionError("llm_error", str(e)))
             except Exception:  # a bug: this session reports it, every other one carries on
                 log.exception("session %s: listening failed", self.id)
-                self._error(SessionError("internal_error", "the server failed to process this audio"))
+                self.send_error(SessionError("internal_error", "the server failed to process this audio"))
+
+    def _quick_pause(self, samples: npt.NDArray[np.int16], start: float, now: float) -> None:
+        """While the reply plays, a frame louder than its echo and the room could be is
+        most likely the caller starting to speak: pause the reply now, ~100 ms before the
+        VAD can tell (`_check_echo` then confirms it as an interruption). A sound the VAD
+        does not take for the caller within `QUICK_PAUSE_CONFIRM_S` was a false alarm:
+        the reply goes on, and for a while only the VAD may pause it."""
+        level = level_db(samples)
+        self._levels.append(level)
+        response = self._playing()
+        if response is None or self._interruption is not None:
+            return
+        if response.quick_paused is not None:
+            if now - response.quick_paused > QUICK_PAUSE_CONFIRM_S:
+                response.quick_paused = None
+                self.false_alarms += 1
+                metrics.FALSE_ALARMS.inc()
+                self._quick_holdoff = now + QUICK_PAUSE_HOLDOFF_S
+                response.pacer.resume()
+            return
+        if response.pacer.paused or now < self._quick_holdoff:
+            return
+        room = min(self._levels) + QUICK_PAUSE_OVER_ROOM_DB
+        if level >= max(self.echo.threshold_db(start, now), room, QUICK_PAUSE_FLOOR_DB):
+            response.pacer.pause()
+            response.quick_paused = now
 
     def _arrival(self, position: int) -> float:
         """When the audio at this 16 kHz stream position arrived."""
@@ -299,7 +348,8 @@ class Session:
             return
         response.pacer.pause()  # nothing more leaves from here on
         self.sink.flush()
-        metrics.BARGE_IN_STOP.observe(time.monotonic() - self._arrival(recent + onset))
+        stopped, response.quick_paused = response.quick_paused or time.monotonic(), None
+        metrics.BARGE_IN_STOP.observe(max(0.0, stopped - self._arrival(recent + onset)))
         self._interruption = Interruption(self._utterance_start)
         self._times = TurnTimes()
         self.machine.to(State.INTERRUPTED)
@@ -312,7 +362,7 @@ class Session:
             try:
                 await self.conversation.prefill(words)
             except LlmError as e:
-                self._error(SessionError("llm_error", str(e)))
+                self.send_error(SessionError("llm_error", str(e)))
 
         self._own(asyncio.create_task(run(), name=f"{self.id}-prefill"))
 
@@ -458,7 +508,7 @@ class Session:
                     response.times.first_phrase = time.monotonic()
                 self._emit_for(response, ev.TEXT_DELTA, delta=delta)
         except LlmError as e:
-            self._error(SessionError("llm_error", str(e)))
+            self.send_error(SessionError("llm_error", str(e)))
         finally:
             if response.tts.end_text() and response.times.first_phrase is None:
                 response.times.first_phrase = time.monotonic()
@@ -542,9 +592,9 @@ class Session:
         """Report a bad-input condition once, not once per frame, until good input returns."""
         if error.code not in self._input_errors:
             self._input_errors.add(error.code)
-            self._error(error)
+            self.send_error(error)
 
-    def _error(self, error: SessionError) -> None:
+    def send_error(self, error: SessionError) -> None:
         log.info("session %s: %s: %s", self.id, error.code, error)
         self.sink.event(error.event())
 

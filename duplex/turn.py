@@ -72,6 +72,7 @@ class Response:
     user_text: str = ""
     held: bool = False  # speculative: begun at a pause, silent and unannounced until confirmed
     held_events: list[Event] = field(default_factory=list)
+    quick_paused: float | None = None  # paused on a loud onset, awaiting the VAD's confirmation
 
 
 @dataclass

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+from collections.abc import Callable
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -29,3 +31,24 @@ def resolve_from_thread(
         loop.call_soon_threadsafe(resolve)
     except RuntimeError:
         pass  # the loop is closed
+
+
+async def in_daemon_thread(fn: Callable[[], T], name: str) -> T:
+    """``fn()`` in a thread of its own that does not hold up the process's exit.
+
+    For long blocking set-ups (an engine load): the loop stays responsive, and if the
+    process is told to stop meanwhile, the awaiting task can be cancelled and the
+    process exit at once (`asyncio.to_thread`'s pool would be joined at exit first).
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def work() -> None:
+        try:
+            result: T | BaseException = fn()
+        except BaseException as e:  # handed to the awaiting task
+            result = e
+        resolve_from_thread(loop, future, result)
+
+    threading.Thread(target=work, name=name, daemon=True).start()
+    return await future

@@ -30,8 +30,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from models.chat_format import ChatFormat
+from models.handoff import in_daemon_thread
 
 if TYPE_CHECKING:
+    from vllm.v1.engine.async_llm import AsyncLLM
+
     from models.kv_stream import KvStream
 
 log = logging.getLogger("duplex.llm")
@@ -105,6 +108,17 @@ class LlmEngine:
         self._aborts: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
+        # ~20-30 s of blocking set-up (importing vLLM, its engine core process, the
+        # model load, warm-up): off the event loop, so that health checks and signals
+        # are answered meanwhile
+        self._engine = await in_daemon_thread(self._create, name="llm-start")
+        cache = self._engine.vllm_config.cache_config
+        self.block_size = cache.block_size
+        self.capacity_tokens = (cache.num_gpu_blocks or 0) * cache.block_size
+        self.tokenizer = self._engine.get_tokenizer()
+        self.chat_format = ChatFormat.from_tokenizer(self.tokenizer)  # the same for every session
+
+    def _create(self) -> AsyncLLM:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -132,12 +146,7 @@ class LlmEngine:
             block_size=32 if self.is_cpu else None,
             num_gpu_blocks_override=self.config.kv_blocks,
         )
-        self._engine = AsyncLLM.from_engine_args(args, stat_loggers=[recorder_factory(self.counters)])
-        cache = self._engine.vllm_config.cache_config
-        self.block_size = cache.block_size
-        self.capacity_tokens = (cache.num_gpu_blocks or 0) * cache.block_size
-        self.tokenizer = self._engine.get_tokenizer()
-        self.chat_format = ChatFormat.from_tokenizer(self.tokenizer)  # the same for every session
+        return AsyncLLM.from_engine_args(args, stat_loggers=[recorder_factory(self.counters)])
 
     def _check_kv_budget(self, dtype: str) -> None:
         """Refuse, before a 30 s start, a KV cache that cannot hold one full-context turn."""
@@ -268,10 +277,11 @@ class LlmEngine:
         self._aborts.add(task)
         task.add_done_callback(self._aborts.discard)
 
-    def shutdown(self) -> None:
-        """Stop vLLM's engine processes; idempotent."""
+    def shutdown(self, timeout: float = 1.5) -> None:
+        """Stop vLLM's engine processes, killing what has not exited after ``timeout``
+        seconds (left alone, its engine core takes ~5 s); idempotent."""
         for stream in list(self._streams.values()):
             stream.cancel()
         engine, self._engine = self._engine, None
         if engine is not None:
-            engine.shutdown()
+            engine.shutdown(timeout=timeout)

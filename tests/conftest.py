@@ -80,3 +80,19 @@ async def llm_engine():
     await engine.start()
     yield engine
     engine.shutdown()
+
+
+@pytest.fixture(scope="session")
+def engines(vad_engine, asr_engine, tts_engine, llm_engine):
+    from duplex.engines import Engines
+
+    return Engines(vad_engine, asr_engine, tts_engine, llm_engine)
+
+
+def speech(tts_engine, text: str):
+    """``text`` spoken by the bundled voice, at the runtime's 16 kHz."""
+    from audio_io.pcm import RUNTIME_RATE
+    from audio_io.resample import resample
+
+    synthesis = tts_engine.synthesize(text)
+    return resample(synthesis.audio, tts_engine.sample_rate, RUNTIME_RATE)

@@ -105,10 +105,20 @@ def test_serve_becomes_ready_and_stops_cleanly_on_sigterm(offline_env):
         assert all(c["state"] == "ready" for c in body["components"].values())
         assert body["components"]["llm"]["detail"].endswith("SmolLM2-135M-Instruct.Q4_1-bf16")
         assert grpc_health(server.grpc_port) == health_pb2.HealthCheckResponse.SERVING
-        output = server.stop_cleanly()
+        server.note_descendants()
+        assert server.descendants, "the LLM's engine core runs in a child process"
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=2) as r:
+            exported = r.read().decode()
+        assert "duplex_sessions_active 0.0" in exported
+        lag_count = next(
+            x for x in exported.splitlines() if x.startswith("duplex_event_loop_lag_seconds_count")
+        )
+        assert float(lag_count.split()[-1]) > 0  # the loop-lag probe runs while serving
+        output = server.stop_cleanly()  # engines loaded: SIGTERM still ends it all within 5 s
     finally:
         server.output()
     assert "listening" in output and "stopped" in output
+    assert "engine ready" in output
 
 
 def test_sigterm_during_model_preparation_stops_within_5s_leaving_no_child(tmp_path: Path, offline_env):

@@ -8,25 +8,14 @@ import numpy as np
 import pytest
 
 from audio_io.pcm import RUNTIME_RATE
-from audio_io.resample import resample
 from duplex import events as ev
 from duplex.caller import Silence, Speak, UntilHeard, UntilReplyDone, VirtualCaller
-from duplex.engines import Engines
 from duplex.session import Session, SessionConfig
 from duplex.state import State
 from duplex.turn import is_backchannel
+from tests.conftest import speech
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
-
-
-@pytest.fixture(scope="module")
-def engines(vad_engine, asr_engine, tts_engine, llm_engine):
-    return Engines(vad_engine, asr_engine, tts_engine, llm_engine)
-
-
-def speech(tts_engine, text: str) -> np.ndarray:
-    synthesis = tts_engine.synthesize(text)
-    return resample(synthesis.audio, tts_engine.sample_rate, RUNTIME_RATE)
 
 
 async def converse(engines, timeline, caller: VirtualCaller | None = None, **config):
@@ -129,7 +118,7 @@ async def test_the_assistants_own_echo_does_not_interrupt_it(engines, tts_engine
     )
     (done,) = caller.of_type(ev.RESPONSE_DONE)
     assert done.data["status"] == "completed"
-    assert session.barge_ins == 0 and session.resumes == 0
+    assert session.barge_ins == session.resumes == session.false_alarms == 0
     assert not caller.flushes
 
 
@@ -208,6 +197,29 @@ async def test_speech_without_words_over_the_reply_resumes_it(engines, tts_engin
     assert not caller.of_type(ev.TRUNCATED) and not caller.of_type(ev.TRANSCRIPT_DONE)[1:]
 
 
+async def test_a_click_over_the_reply_pauses_it_only_briefly(engines, tts_engine):
+    from duplex.session import QUICK_PAUSE_CONFIRM_S
+
+    rng = np.random.default_rng(1)
+    click = (rng.standard_normal(int(0.03 * RUNTIME_RATE)) * 8000).astype(np.int16)  # 30 ms at -12 dBFS
+    ask = speech(tts_engine, "Please tell me a long story about a brave little dragon.")
+    session, caller = await converse(
+        engines, [Silence(0.3), Speak(ask), UntilHeard(1.0), Speak(click), Silence(2.0)]
+    )
+    # paused on the loud frame, before the VAD could judge it; the VAD heard no voice,
+    # so the reply went on by itself: no interruption, nothing flushed or cut
+    assert session.false_alarms == 1
+    assert session.barge_ins == session.resumes == 0
+    assert not caller.flushes and not caller.of_type(ev.TRUNCATED) and not caller.of_type(ev.RESUMED)
+    click_at = caller.voice_spans[-1][0]
+    times = np.array([f.at for f in caller.frames])
+    gaps = np.diff(times)
+    k = int(np.argmax(gaps))
+    assert times[k] > click_at - 0.1  # the pause came with the click
+    assert QUICK_PAUSE_CONFIRM_S - 0.03 < gaps[k] < 1.0
+    assert times[-1] > times[k + 1]  # and the reply carried on
+
+
 async def test_echo_never_interrupts_over_20_replies(engines, tts_engine):
     questions = [
         speech(tts_engine, q) for q in ("Name a color.", "Name a fruit.", "Name an animal.", "Say hi.")
@@ -224,7 +236,7 @@ async def test_echo_never_interrupts_over_20_replies(engines, tts_engine):
         await session.close()
     done = caller.of_type(ev.RESPONSE_DONE)
     assert len(done) == 20 and all(d.data["status"] == "completed" for d in done)
-    assert session.barge_ins == 0 and session.resumes == 0 and not caller.flushes
+    assert session.barge_ins == session.resumes == session.false_alarms == 0 and not caller.flushes
 
 
 async def test_a_caller_silent_for_60_s_then_talking_for_60_s(engines, speech_set):

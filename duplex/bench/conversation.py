@@ -9,7 +9,8 @@ at -20 dB, 40-250 ms late (a speakerphone without echo cancellation). Its script
 - ``bargein_stop_ms``: the onset of the interrupting voice to the last frame of the cut reply.
 - ``truncation_exact_rate``: cut replies whose truncated text, in the event and in the
   conversation, equals what the caller heard by its own count (half of a word played).
-- ``self_interruptions``: pauses or cuts of a reply not caused by the script (echo).
+- ``self_interruptions``: pauses or cuts of a reply not caused by the script (echo),
+  quick pauses that the VAD did not confirm included.
 - ``loop_lag_p99_ms``: how late a 10 ms timer on the event loop fires, 99th percentile.
 """
 
@@ -91,7 +92,7 @@ async def _session(engines: Engines, clips: dict[str, Speak], i: int, turns: int
         "stop_ms": stops,
         "cuts": cuts,
         "exact": exact,
-        "self_interruptions": session.barge_ins + session.resumes - scripted,
+        "self_interruptions": session.barge_ins + session.resumes + session.false_alarms - scripted,
         "replies": len(created),
     }
 
