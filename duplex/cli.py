@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
             "log_level",
         ),
     )
-    bench.add_argument("stage", choices=("asr", "tts", "ar", "conversation"))
+    bench.add_argument("stage", choices=("asr", "tts", "ar", "conversation", "endpoint"))
     bench.add_argument("--sessions", default="1,4,8", help="concurrent sessions to measure, comma-separated")
     bench.add_argument("--quick", action="store_true", help="fewer repetitions (for smoke tests)")
     bench.add_argument(
@@ -88,7 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="conversation: the caller's own recordings of the scripted lines, in order",
     )
     bench.add_argument(
-        "--turns", type=int, default=0, help="conversation: also one session of this many turns"
+        "--turns",
+        type=int,
+        default=0,
+        help="conversation: also one session of this many turns; endpoint: turns per setting (10)",
     )
     return parser
 

@@ -37,11 +37,17 @@ class LocalAgreement:
     _previous: list[HypWord] = field(default_factory=list)
 
     def update(self, hypothesis: list[HypWord], audio_end: int) -> list[HypWord]:
-        """Feed a hypothesis that starts with the committed words; returns new commits."""
+        """Feed a hypothesis continuing the committed words' tokens; returns new commits.
+
+        The committed tokens are forced, but the words of the hypothesis are split anew:
+        the last committed word can merge with what follows ("3" then "0" is the word
+        "30"). Such a hypothesis commits nothing, and the next one has nothing to agree
+        with; the one after may commit again.
+        """
         n = len(self.committed)
-        assert [word_key(w) for w in hypothesis[:n]] == [word_key(w) for w in self.committed], (
-            "hypothesis does not start with the committed words: was the committed prefix forced?"
-        )
+        if [word_key(w) for w in hypothesis[:n]] != [word_key(w) for w in self.committed]:
+            self._previous = []  # nothing for the next pass to agree with
+            return []
         new: list[HypWord] = []
         for i in range(n, min(len(hypothesis), len(self._previous))):
             word = hypothesis[i]

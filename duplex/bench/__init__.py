@@ -18,6 +18,10 @@ def run_bench(config: Config, args: argparse.Namespace) -> int:
         from duplex.bench.conversation import bench_conversation
 
         result = bench_conversation(config, sessions, args.utterances, args.turns)
+    elif args.stage == "endpoint":
+        from duplex.bench.endpoint import bench_endpoint
+
+        result = bench_endpoint(config, turns=args.turns or 10)
     elif args.stage == "asr":
         from duplex.bench.asr import bench_asr
 

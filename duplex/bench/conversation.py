@@ -56,9 +56,11 @@ def _script(clips: dict[str, Speak], i: int, turns: int) -> tuple[list[Step], in
     return steps, 1
 
 
-async def _session(engines: Engines, clips: dict[str, Speak], i: int, turns: int) -> dict[str, Any]:
+async def _session(
+    engines: Engines, clips: dict[str, Speak], i: int, turns: int, config: SessionConfig
+) -> dict[str, Any]:
     caller = VirtualCaller(echo_db=ECHO_DB, echo_delay_s=0.04 + 0.21 * (i % 5) / 4)
-    session = Session(engines, caller, SessionConfig())
+    session = Session(engines, caller, config)
     steps, scripted = _script(clips, i, turns)
     await session.start()
     try:
@@ -97,14 +99,22 @@ async def _session(engines: Engines, clips: dict[str, Speak], i: int, turns: int
     }
 
 
-async def _run(engines: Engines, clips: dict[str, Speak], sessions: int, turns: int) -> dict[str, Any]:
+async def run_sessions(
+    engines: Engines,
+    clips: dict[str, Speak],
+    sessions: int,
+    turns: int,
+    config: SessionConfig | None = None,
+) -> dict[str, Any]:
+    """``sessions`` scripted callers at once (``turns``: question after question instead)."""
+    config = config or SessionConfig()
     lag = LoopLag()
     lag.start()
     process = psutil.Process(os.getpid())
     rss0 = process.memory_info().rss
     started = time.perf_counter()
     try:
-        results = await asyncio.gather(*(_session(engines, clips, i, turns) for i in range(sessions)))
+        results = await asyncio.gather(*(_session(engines, clips, i, turns, config) for i in range(sessions)))
     finally:
         await lag.stop()
     lags = lag.samples_ms
@@ -126,7 +136,7 @@ async def _run(engines: Engines, clips: dict[str, Speak], sessions: int, turns: 
     return out
 
 
-def _clips(engines: Engines, utterances: list[str] | None) -> dict[str, Speak]:
+def clips_for(engines: Engines, utterances: list[str] | None = None) -> dict[str, Speak]:
     texts = [*QUESTIONS, STORY, STOP]
     if utterances:  # the caller's own recordings, in the order of the texts above
         if len(utterances) != len(texts):
@@ -147,12 +157,12 @@ def bench_conversation(
     async def main() -> dict[str, Any]:
         engines = await Engines.start(config, deterministic_tts=True)
         try:
-            clips = _clips(engines, utterances)
+            clips = clips_for(engines, utterances)
             result: dict[str, Any] = {"sessions": {}}
             for n in sessions:
-                result["sessions"][str(n)] = await _run(engines, clips, n, 0)
+                result["sessions"][str(n)] = await run_sessions(engines, clips, n, 0)
             if turns:
-                result["long_session"] = await _run(engines, clips, 1, turns)
+                result["long_session"] = await run_sessions(engines, clips, 1, turns)
             return result
         finally:
             engines.close()
