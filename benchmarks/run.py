@@ -1,10 +1,24 @@
 """`make bench`: every benchmark, results as JSON (and plots) in benchmarks/results/."""
 
-from benchmarks import bench_ar, bench_audio_core, bench_conversation, bench_prepare, bench_speech
+from benchmarks import (
+    bench_ar,
+    bench_audio_core,
+    bench_conversation,
+    bench_endpoint,
+    bench_prepare,
+    bench_speech,
+)
 
 
 def main() -> None:
-    for bench in (bench_audio_core, bench_prepare, bench_speech, bench_ar, bench_conversation):
+    for bench in (
+        bench_audio_core,
+        bench_prepare,
+        bench_speech,
+        bench_ar,
+        bench_conversation,
+        bench_endpoint,
+    ):
         print(f"== {bench.__name__}", flush=True)
         bench.main()
 

@@ -28,25 +28,6 @@ def level_db(samples: npt.NDArray[np.int16]) -> float:
     return 20 * math.log10(rms) if rms > 0 else -math.inf
 
 
-def peak_db(samples: npt.NDArray[np.int16], window: int = 320) -> float:
-    """The loudest 20 ms (at 16 kHz) of the samples, in dBFS: echo and voice are compared
-    peak to peak, since an onset's average is dragged down by its quiet start."""
-    if samples.size < window:
-        return level_db(samples)
-    n = samples.size // window
-    frames = samples[: n * window].astype(np.float64).reshape(n, window) / 32768.0
-    rms = float(np.sqrt(np.max(np.mean(np.square(frames), axis=1))))
-    return 20 * math.log10(rms) if rms > 0 else -math.inf
-
-
-def first_above(samples: npt.NDArray[np.int16], threshold_db: float, window: int = 320) -> int | None:
-    """Index of the first 20 ms window louder than ``threshold_db`` (its first sample)."""
-    for start in range(0, samples.size - window + 1, window):
-        if level_db(samples[start : start + window]) >= threshold_db:
-            return start
-    return None
-
-
 class EchoGate:
     def __init__(self, suppression_db: float = 12.0, window_s: float = 0.4) -> None:
         self.suppression_db = suppression_db
@@ -68,9 +49,6 @@ class EchoGate:
         """Audio was sent recently enough to be echoing now."""
         return bool(self._sent) and self._sent[-1][0] >= now - self.window_s
 
-    def threshold_db(self, start: float, end: float) -> float:
-        """Inbound audio from ``start`` to ``end`` quieter than this may be echo."""
-        return self.reference_db(start, end) - self.suppression_db
-
     def is_echo(self, inbound_db: float, start: float, end: float) -> bool:
-        return inbound_db < self.threshold_db(start, end)
+        """Inbound audio at this level, arrived from ``start`` to ``end``, may be echo."""
+        return inbound_db < self.reference_db(start, end) - self.suppression_db

@@ -50,7 +50,7 @@ from audio_io.pcm import RUNTIME_RATE
 from audio_io.resample import Resampler, downmix
 from duplex import events as ev
 from duplex import metrics
-from duplex.echo import EchoGate, first_above, level_db, peak_db
+from duplex.echo import EchoGate, level_db
 from duplex.engines import Engines
 from duplex.events import Event, SessionError
 from duplex.state import State, StateMachine
@@ -64,6 +64,7 @@ from models.vad import VadConfig
 log = logging.getLogger("duplex.session")
 
 ECHO_CHECK_SAMPLES = RUNTIME_RATE // 2  # speech over the reply is judged on its last 0.5 s
+LEVEL_WINDOW = RUNTIME_RATE // 50  # levels are compared over 20 ms
 ECHO_PREROLL = RUNTIME_RATE // 10  # ASR starts this far before the caller's voice rose over the echo
 QUICK_PAUSE_FLOOR_DB = -50.0  # a quieter frame never pauses the reply before the VAD decides
 QUICK_PAUSE_OVER_ROOM_DB = 15.0  # ... nor one less this much above the quietest of the last 2 s
@@ -86,7 +87,7 @@ class SessionConfig:
     input_rate: int = RUNTIME_RATE
     input_channels: int = 1
     system_prompt: str | None = None
-    end_of_turn_ms: int = 400  # VAD silence that ends the caller's turn
+    end_of_turn_ms: int = 500  # VAD silence that ends the caller's turn (duplex bench endpoint)
     resume_false_interruptions: bool = True  # speech over the reply with no words resumes it
     echo_suppression_db: float = 12.0
     speculative_replies: bool = True  # begin the reply, silently, at a pause in the caller's voice
@@ -232,7 +233,7 @@ class Session:
             now = time.monotonic()
             self._arrivals.append((self._listener.position + samples.size, now))
             del self._arrivals[: max(0, len(self._arrivals) - 200)]
-            self._quick_pause(samples, now - frame.duration, now)
+            self._quick_pause(samples, now - ECHO_CHECK_SAMPLES / RUNTIME_RATE, now)
             try:
                 for event in await self._listener.push(samples):
                     await self._on_listen(event)
@@ -246,7 +247,7 @@ class Session:
                 log.exception("session %s: listening failed", self.id)
                 self.send_error(SessionError("internal_error", "the server failed to process this audio"))
 
-    def _quick_pause(self, samples: npt.NDArray[np.int16], start: float, now: float) -> None:
+    def _quick_pause(self, samples: npt.NDArray[np.int16], since: float, now: float) -> None:
         """While the reply plays, a frame louder than its echo and the room could be is
         most likely the caller starting to speak: pause the reply now, ~100 ms before the
         VAD can tell (`_check_echo` then confirms it as an interruption). A sound the VAD
@@ -268,7 +269,7 @@ class Session:
         if response.pacer.paused or now < self._quick_holdoff:
             return
         room = min(self._levels) + QUICK_PAUSE_OVER_ROOM_DB
-        if level >= max(self.echo.threshold_db(start, now), room, QUICK_PAUSE_FLOOR_DB):
+        if not self.echo.is_echo(level, since, now) and level >= max(room, QUICK_PAUSE_FLOOR_DB):
             response.pacer.pause()
             response.quick_paused = now
 
@@ -329,14 +330,10 @@ class Session:
         has ended, so a caller who speaks while its echo fades is heard."""
         assert self._listener is not None
         recent = max(self._utterance_start, self._listener.position - ECHO_CHECK_SAMPLES)
-        voiced = self._listener.history_since(recent)
-        start, now = self._arrival(recent), time.monotonic()
-        threshold = self.echo.threshold_db(start, now)
-        onset = first_above(voiced, threshold)
+        onset = self._first_above_echo(recent)
         if onset is None:
-            log.debug("echo: %.1f dB under %.1f dB", peak_db(voiced), threshold)
             return
-        caller_start = recent + onset - ECHO_PREROLL
+        caller_start = onset - ECHO_PREROLL
         if caller_start > self._utterance_start:  # the VAD's utterance began with echo
             self._utterance_start = caller_start
             self._listener.restart(caller_start)
@@ -349,10 +346,22 @@ class Session:
         response.pacer.pause()  # nothing more leaves from here on
         self.sink.flush()
         stopped, response.quick_paused = response.quick_paused or time.monotonic(), None
-        metrics.BARGE_IN_STOP.observe(max(0.0, stopped - self._arrival(recent + onset)))
+        metrics.BARGE_IN_STOP.observe(max(0.0, stopped - self._arrival(onset)))
         self._interruption = Interruption(self._utterance_start)
         self._times = TurnTimes()
         self.machine.to(State.INTERRUPTED)
+
+    def _first_above_echo(self, start: int) -> int | None:
+        """The stream position of the first 20 ms from ``start`` on that is louder than
+        the reply's echo could be (the test the quick pause makes on each frame); None
+        if all of it may be echo."""
+        assert self._listener is not None
+        audio = self._listener.history_since(start)
+        since, now = self._arrival(start), time.monotonic()
+        for offset in range(0, audio.size - LEVEL_WINDOW + 1, LEVEL_WINDOW):
+            if not self.echo.is_echo(level_db(audio[offset : offset + LEVEL_WINDOW]), since, now):
+                return start + offset
+        return None
 
     def _prefill(self, words: str) -> None:
         """Feed the caller's committed words to the LLM in the background (never blocks

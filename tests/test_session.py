@@ -138,7 +138,7 @@ async def test_a_backchannel_does_not_interrupt(engines, tts_engine):
     assert len(caller.of_type(ev.RESPONSE_DONE)) == 1, heard
     (done,) = caller.of_type(ev.RESPONSE_DONE)
     assert done.data["status"] == "completed"
-    assert session.barge_ins == 0
+    assert session.barge_ins == 0 and session.resumes == 1
     assert not caller.of_type(ev.TRUNCATED)
 
 

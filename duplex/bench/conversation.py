@@ -96,6 +96,7 @@ async def _session(
         "exact": exact,
         "self_interruptions": session.barge_ins + session.resumes + session.false_alarms - scripted,
         "replies": len(created),
+        "breakdowns": [e.data for e in caller.of_type(ev.METRICS)],
     }
 
 
@@ -133,7 +134,22 @@ async def run_sessions(
     }
     if turns:
         out["v2v_ms_by_turn"] = [round(x, 1) for x in results[0]["v2v_ms"]]
+        out["steps_ms_by_half"] = _steps_by_half(results[0]["breakdowns"])
     return out
+
+
+def _steps_by_half(breakdowns: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """Median of each step of the turn's breakdown, over the first and the second half
+    of a long session's turns: where any growth comes from."""
+    half = len(breakdowns) // 2
+    steps = sorted({k for b in breakdowns for k in b if k.endswith("_ms")})
+    return {
+        step: [
+            round(float(np.median([b[step] for b in part if step in b] or [np.nan])), 1)
+            for part in (breakdowns[:half], breakdowns[half:])
+        ]
+        for step in steps
+    }
 
 
 def clips_for(engines: Engines, utterances: list[str] | None = None) -> dict[str, Speak]:
