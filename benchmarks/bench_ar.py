@@ -2,20 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
-from benchmarks.common import new_plot, save_plot, write_result
+from benchmarks.common import duplex_bench, new_plot, save_plot, write_result
 
 
 def main() -> None:
-    env = os.environ | {"HF_HUB_OFFLINE": "1"}
-    done = subprocess.run(
-        [sys.executable, "-m", "duplex", "bench", "ar"], env=env, capture_output=True, text=True, check=True
-    )
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = duplex_bench("ar")
     print(write_result("ar", result))
     fig, ax = new_plot()
     for key, label in (

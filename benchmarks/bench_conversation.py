@@ -3,22 +3,21 @@ and, for the long session, by turn."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
+from typing import Any
 
-from benchmarks.common import new_plot, save_plot, write_result
+from benchmarks.common import duplex_bench, new_plot, save_plot, write_result
 
 TURNS = int(os.environ.get("DUPLEX_BENCH_TURNS", "100"))
 
 
 def main() -> None:
-    env = os.environ | {"HF_HUB_OFFLINE": "1"}
-    command = [sys.executable, "-m", "duplex", "bench", "conversation", "--turns", str(TURNS)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = duplex_bench("conversation", "--turns", str(TURNS))
     print(write_result("conversation", result))
+    plot(result)
+
+
+def plot(result: dict[str, Any]) -> None:
     fig, ax = new_plot()
     loads = sorted(result["sessions"], key=int)
     for key, label in (("p50", "voice-to-voice p50"), ("p95", "voice-to-voice p95")):

@@ -3,19 +3,11 @@ voice-to-voice by setting."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
-from benchmarks.common import new_plot, save_plot, write_result
+from benchmarks.common import duplex_bench, new_plot, save_plot, write_result
 
 
 def main() -> None:
-    env = os.environ | {"HF_HUB_OFFLINE": "1"}
-    command = [sys.executable, "-m", "duplex", "bench", "endpoint"]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = duplex_bench("endpoint")
     print(write_result("endpoint", result))
     settings = sorted(result["end_of_turn_ms"], key=int)
     rows = [result["end_of_turn_ms"][s] for s in settings]

@@ -2,22 +2,13 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from typing import Any
 
-from benchmarks.common import new_plot, save_plot, write_result
+from benchmarks.common import duplex_bench, new_plot, save_plot, write_result
 
 
 def _bench(stage: str) -> dict[str, Any]:
-    env = os.environ | {"HF_HUB_OFFLINE": "1"}
-    done = subprocess.run(
-        [sys.executable, "-m", "duplex", "bench", stage], env=env, capture_output=True, text=True, check=True
-    )
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
+    return duplex_bench(stage)
 
 
 def _plot_asr(result: dict[str, Any]) -> None:

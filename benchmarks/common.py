@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import platform
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -65,3 +67,17 @@ def save_plot(
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def duplex_bench(*args: str) -> dict[str, Any]:
+    """Run ``duplex bench ARGS`` offline; its result is the JSON object on its last line.
+    A failure shows the end of its stderr (what went wrong) before stopping."""
+    env = os.environ | {"HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "duplex", "bench", *args], env=env, capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        sys.stderr.write(done.stderr[-4000:])
+        raise SystemExit(f"duplex bench {' '.join(args)} failed with exit status {done.returncode}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result

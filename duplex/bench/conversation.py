@@ -75,18 +75,19 @@ async def _session(
         if first is not None:
             v2v.append((first - span[1]) * 1000)
     for done in caller.of_type(ev.RESPONSE_DONE):
-        if done.data["status"] != "cancelled":
-            continue
+        cut = [e for e in caller.of_type(ev.TRUNCATED) if e.data["item_id"] == done.data["item_id"]]
+        if done.data["status"] != "cancelled" or not cut:
+            continue  # played out, or cancelled by the end of the session
+        truncated = cut[0]
         cuts += 1
         rid = str(done.data["response_id"])
         onset = max(s for s, _ in caller.voice_spans if s < done.at)
-        last = caller.last_frame(rid)
-        if last is not None:
+        first, last = caller.first_frame(rid), caller.last_frame(rid)
+        if first is not None and last is not None and onset > first:  # it was playing: stopped
             stops.append(max(0.0, last - onset) * 1000)
         turn = session.ledger.turn(rid)
         marks = [(m.char_start, m.char_end, m.sample_start, m.sample_end) for m in turn.marks]
         truth = heard_by_marks(turn.text, marks, caller.played(rid))
-        (truncated,) = [e for e in caller.of_type(ev.TRUNCATED) if e.data["item_id"] == done.data["item_id"]]
         told = [m["content"] for m in session.conversation.messages() if m["role"] == "assistant"]
         exact += truncated.data["transcript"] == truth and truth in told
     return {
