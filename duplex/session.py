@@ -94,6 +94,9 @@ class SessionConfig:
     barge_in_min_speech_ms: int = 64  # while the reply plays, speech starts sooner (96 otherwise)
     max_inbound_s: float = 10.0  # audio waiting to be heard; more is dropped, with an error
     playback_acks: bool = False  # the transport reports playback; else sent counts as played
+    # pause the reply on a loud frame before the VAD decides: off by default until it is
+    # shown not to pause replies on their own echo (a CI run saw it do so once)
+    quick_pause: bool = False
 
     def __post_init__(self) -> None:
         if self.input_rate not in (8000, 16000, 24000, 32000, 44100, 48000):
@@ -259,7 +262,7 @@ class Session:
         self._levels.append(level)
         now = time.monotonic()
         response = self._playing()
-        if response is None or self._interruption is not None:
+        if not self.config.quick_pause or response is None or self._interruption is not None:
             return
         if response.quick_paused is not None:
             if now - response.quick_paused > QUICK_PAUSE_CONFIRM_S:

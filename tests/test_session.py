@@ -204,7 +204,7 @@ async def test_a_click_over_the_reply_pauses_it_only_briefly(engines, tts_engine
     click = (rng.standard_normal(int(0.03 * RUNTIME_RATE)) * 8000).astype(np.int16)  # 30 ms at -12 dBFS
     ask = speech(tts_engine, "Please tell me a long story about a brave little dragon.")
     session, caller = await converse(
-        engines, [Silence(0.3), Speak(ask), UntilHeard(1.0), Speak(click), Silence(2.0)]
+        engines, [Silence(0.3), Speak(ask), UntilHeard(1.0), Speak(click), Silence(2.0)], quick_pause=True
     )
     # paused on the loud frame, before the VAD could judge it; the VAD heard no voice,
     # so the reply went on by itself: no interruption, nothing flushed or cut
