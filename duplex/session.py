@@ -258,11 +258,13 @@ class Session:
         VAD can tell (`_check_echo` then confirms it as an interruption). A sound the VAD
         does not take for the caller within `QUICK_PAUSE_CONFIRM_S` was a false alarm:
         the reply goes on, and for a while only the VAD may pause it."""
+        if not self.config.quick_pause:
+            return
         level = level_db(samples)
         self._levels.append(level)
         now = time.monotonic()
         response = self._playing()
-        if not self.config.quick_pause or response is None or self._interruption is not None:
+        if response is None or self._interruption is not None:
             return
         if response.quick_paused is not None:
             if now - response.quick_paused > QUICK_PAUSE_CONFIRM_S:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
@@ -168,26 +169,40 @@ def clips_for(engines: Engines, utterances: list[str] | None = None) -> dict[str
     return {t: Speak(a) for t, a in zip(texts, audio, strict=True)}
 
 
-def bench_conversation(
-    config: Config, sessions: list[int], utterances: list[str] | None = None, turns: int = 0
+def with_engines(
+    config: Config, body: Callable[[Engines], Awaitable[dict[str, Any]]], method: str
 ) -> dict[str, Any]:
+    """Start the engines (deterministic voice), run ``body`` on them, close them; the
+    result says how it was measured."""
+
     async def main() -> dict[str, Any]:
         engines = await Engines.start(config, deterministic_tts=True)
         try:
-            clips = clips_for(engines, utterances)
-            result: dict[str, Any] = {"sessions": {}}
-            for n in sessions:
-                result["sessions"][str(n)] = await run_sessions(engines, clips, n, 0)
-            if turns:
-                result["long_session"] = await run_sessions(engines, clips, 1, turns)
-            return result
+            return await body(engines)
         finally:
             engines.close()
 
     result = asyncio.run(main())
-    result["method"] = (
+    result["method"] = method
+    return result
+
+
+def bench_conversation(
+    config: Config, sessions: list[int], utterances: list[str] | None = None, turns: int = 0
+) -> dict[str, Any]:
+    async def body(engines: Engines) -> dict[str, Any]:
+        clips = clips_for(engines, utterances)
+        result: dict[str, Any] = {"sessions": {}}
+        for n in sessions:
+            result["sessions"][str(n)] = await run_sessions(engines, clips, n, 0)
+        if turns:
+            result["long_session"] = await run_sessions(engines, clips, 1, turns)
+        return result
+
+    return with_engines(
+        config,
+        body,
         "real-time virtual callers with echo at -20 dB, 40-250 ms; v2v from the end of the caller's "
         "voice to the first reply frame; barge-in stop from the interrupting voice's onset to the "
-        "last frame of the cut reply"
+        "last frame of the cut reply",
     )
-    return result

@@ -13,14 +13,13 @@ the caller's turn):
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import numpy as np
 
 from audio_io.pcm import RUNTIME_RATE
 from audio_io.resample import resample
-from duplex.bench.conversation import clips_for, run_sessions
+from duplex.bench.conversation import clips_for, run_sessions, with_engines
 from duplex.bench.stats import percentiles
 from duplex.config import Config
 from duplex.engines import Engines
@@ -50,31 +49,27 @@ async def _splits(vad: VadEngine, turn: np.ndarray, end_of_turn_ms: int) -> int:
 def bench_endpoint(
     config: Config, turns: int = 10, candidates: tuple[int, ...] = CANDIDATES_MS
 ) -> dict[str, Any]:
-    async def main() -> dict[str, Any]:
-        engines = await Engines.start(config, deterministic_tts=True)
-        try:
-            tts = engines.tts
-            pairs = [f"{SENTENCES[i]} {SENTENCES[(i + 1) % len(SENTENCES)]}" for i in range(len(SENTENCES))]
-            spoken = [resample(tts.synthesize(t).audio, tts.sample_rate, RUNTIME_RATE) for t in pairs]
-            clips = clips_for(engines)
-            out: dict[str, Any] = {}
-            for ms in candidates:
-                split = [await _splits(engines.vad, turn, ms) for turn in spoken]
-                session = SessionConfig(end_of_turn_ms=ms)
-                run = await run_sessions(engines, clips, 1, turns, session) if turns else {}
-                out[str(ms)] = {
-                    "split_rate": round(sum(1 for s in split if s) / len(split), 3),
-                    "splits": sum(split),
-                    "v2v_ms": run.get("v2v_ms", percentiles([])),
-                    "self_interruptions": run.get("self_interruptions"),
-                }
-            return {"end_of_turn_ms": out, "turns_checked_for_splits": len(spoken)}
-        finally:
-            engines.close()
+    async def body(engines: Engines) -> dict[str, Any]:
+        tts = engines.tts
+        pairs = [f"{SENTENCES[i]} {SENTENCES[(i + 1) % len(SENTENCES)]}" for i in range(len(SENTENCES))]
+        spoken = [resample(tts.synthesize(t).audio, tts.sample_rate, RUNTIME_RATE) for t in pairs]
+        clips = clips_for(engines)
+        out: dict[str, Any] = {}
+        for ms in candidates:
+            split = [await _splits(engines.vad, turn, ms) for turn in spoken]
+            session = SessionConfig(end_of_turn_ms=ms)
+            run = await run_sessions(engines, clips, 1, turns, session) if turns else {}
+            out[str(ms)] = {
+                "split_rate": round(sum(1 for s in split if s) / len(split), 3),
+                "splits": sum(split),
+                "v2v_ms": run.get("v2v_ms", percentiles([])),
+                "self_interruptions": run.get("self_interruptions"),
+            }
+        return {"end_of_turn_ms": out, "turns_checked_for_splits": len(spoken)}
 
-    result = asyncio.run(main())
-    result["method"] = (
+    return with_engines(
+        config,
+        body,
         "split_rate: two-sentence turns of the spoken test set ended early by the VAD at that "
-        "silence; v2v_ms: one real-time session of questions with echo at -20 dB"
+        "silence; v2v_ms: one real-time session of questions with echo at -20 dB",
     )
-    return result
