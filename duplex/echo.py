@@ -45,9 +45,9 @@ class EchoGate:
         levels = [db for at, db in self._sent if start - self.window_s <= at <= end]
         return max(levels, default=-math.inf)
 
-    def active(self, now: float) -> bool:
-        """Audio was sent recently enough to be echoing now."""
-        return bool(self._sent) and self._sent[-1][0] >= now - self.window_s
+    def active(self, at: float) -> bool:
+        """Audio was sent recently enough to be echoing in inbound audio arrived at ``at``."""
+        return bool(self._sent) and self._sent[-1][0] >= at - self.window_s
 
     def is_echo(self, inbound_db: float, start: float, end: float) -> bool:
         """Inbound audio at this level, arrived from ``start`` to ``end``, may be echo."""

@@ -319,7 +319,9 @@ class Session:
     async def _speech_started(self, event: ListenEvent) -> None:
         self._utterance_start = event.position
         playing = self._playing()
-        if playing is not None or self.echo.active(time.monotonic()):
+        # judged at the arrival of the utterance's start, not now: hearing may lag behind
+        # (a loaded machine), and the echo of a reply's last words must still count as echo
+        if playing is not None or self.echo.active(self._arrival(event.position)):
             self._echo_utterance = True  # until its level says otherwise (_check_echo)
             await self._check_echo(playing)
             return
