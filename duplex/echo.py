@@ -4,9 +4,14 @@ Without echo cancellation (a speakerphone, many phone lines), the assistant's ow
 comes back into the microphone, attenuated (-10 to -25 dB) and delayed (20-250 ms).
 Silero VAD hears it as speech. A caller who talks over the assistant is, at the
 microphone, about as loud as the assistant's voice or louder; its echo is far below.
-So speech that starts while audio is going out counts as the caller only if its level
-is within ``suppression_db`` of the loudest audio sent in the echo window before it
-(a Geigel-style double-talk detector, on levels rather than samples).
+So inbound audio counts as the caller only if its level is within ``suppression_db``
+of the loudest audio sent in the echo window before it (a Geigel-style double-talk
+detector, on levels rather than samples).
+
+Levels are compared in two bands, below and above `SPLIT_HZ`, and the caller is heard
+if either band is: a word that opens with a fricative ("Stop", "Sorry", "Flip") is
+~100 ms of hiss at -25 to -35 dBFS before its vowel, well under the reply's loudest
+vowels (so broadband it passes for echo) but far over the reply's own high band.
 
 Pure bookkeeping: levels of 20 ms frames with their send times, no audio kept.
 """
@@ -19,6 +24,11 @@ import math
 import numpy as np
 import numpy.typing as npt
 
+SPLIT_HZ = 3000  # vowels below, fricatives ("s", "f", "sh", "t") above
+TOP_HZ = 8000  # inbound audio runs at 16 kHz: the high band ends here on both sides
+FLOOR_DB = -45.0  # a band quieter than this is never taken for the caller
+Bands = npt.NDArray[np.float64]  # (..., 2): dBFS below and above SPLIT_HZ
+
 
 def level_db(samples: npt.NDArray[np.int16]) -> float:
     """RMS level in dB relative to full scale (-inf for silence)."""
@@ -28,27 +38,45 @@ def level_db(samples: npt.NDArray[np.int16]) -> float:
     return 20 * math.log10(rms) if rms > 0 else -math.inf
 
 
+def band_levels_db(frames: npt.NDArray[np.int16], rate: int) -> Bands:
+    """Levels (dBFS, as RMS) of each frame (the last axis) below and above `SPLIT_HZ`."""
+    n = frames.shape[-1]
+    spectrum = np.fft.rfft(frames.astype(np.float64) / 32768.0, axis=-1)
+    power = 2.0 * np.abs(spectrum) ** 2 / (n * n)  # Parseval: sums to the mean square
+    freqs = np.fft.rfftfreq(n, 1.0 / rate)
+    low = power[..., freqs < SPLIT_HZ].sum(axis=-1)
+    high = power[..., (freqs >= SPLIT_HZ) & (freqs < TOP_HZ)].sum(axis=-1)
+    with np.errstate(divide="ignore"):
+        return 10.0 * np.log10(np.stack([low, high], axis=-1))
+
+
 class EchoGate:
     def __init__(self, suppression_db: float = 12.0, window_s: float = 0.4) -> None:
         self.suppression_db = suppression_db
         self.window_s = window_s
-        self._sent: collections.deque[tuple[float, float]] = collections.deque()  # (time, dB)
+        self._sent: collections.deque[tuple[float, Bands]] = collections.deque()  # (time, bands)
 
-    def record_sent(self, samples: npt.NDArray[np.int16], at: float) -> None:
-        self._sent.append((at, level_db(samples)))
+    def record_sent(self, samples: npt.NDArray[np.int16], rate: int, at: float) -> None:
+        self._sent.append((at, band_levels_db(samples, rate)))
         while self._sent and self._sent[0][0] < at - 3.0:
             self._sent.popleft()
 
-    def reference_db(self, start: float, end: float) -> float:
-        """The loudest audio sent in ``[start - window, end]``: what could echo in the
-        inbound audio that arrived from ``start`` to ``end``."""
-        levels = [db for at, db in self._sent if start - self.window_s <= at <= end]
-        return max(levels, default=-math.inf)
+    def reference_db(self, start: float, end: float) -> Bands:
+        """The loudest audio sent in ``[start - window, end]``, per band: what could echo
+        in the inbound audio that arrived from ``start`` to ``end``."""
+        levels = [bands for at, bands in self._sent if start - self.window_s <= at <= end]
+        return np.max(levels, axis=0) if levels else np.full(2, -math.inf)
 
     def active(self, at: float) -> bool:
         """Audio was sent recently enough to be echoing in inbound audio arrived at ``at``."""
         return bool(self._sent) and self._sent[-1][0] >= at - self.window_s
 
-    def is_echo(self, inbound_db: float, start: float, end: float) -> bool:
-        """Inbound audio at this level, arrived from ``start`` to ``end``, may be echo."""
-        return inbound_db < self.reference_db(start, end) - self.suppression_db
+    def callers(self, inbound: Bands, start: float, end: float) -> npt.NDArray[np.bool_]:
+        """Which inbound frames (band levels, arrived from ``start`` to ``end``) are louder,
+        in either band, than echo could be: the caller's voice."""
+        threshold = np.maximum(self.reference_db(start, end) - self.suppression_db, FLOOR_DB)
+        return np.any(inbound >= threshold, axis=-1)
+
+    def is_echo(self, inbound: Bands, start: float, end: float) -> bool:
+        """Inbound audio with these band levels, arrived from ``start`` to ``end``, may be echo."""
+        return not bool(self.callers(inbound, start, end))

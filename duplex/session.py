@@ -50,7 +50,7 @@ from audio_io.pcm import RUNTIME_RATE
 from audio_io.resample import Resampler, downmix
 from duplex import events as ev
 from duplex import metrics
-from duplex.echo import EchoGate, level_db
+from duplex.echo import EchoGate, band_levels_db, level_db
 from duplex.engines import Engines
 from duplex.events import Event, SessionError
 from duplex.state import State, StateMachine
@@ -277,7 +277,9 @@ class Session:
         if response.pacer.paused or now < self._quick_holdoff:
             return
         room = min(self._levels) + QUICK_PAUSE_OVER_ROOM_DB
-        if not self.echo.is_echo(level, since, now) and level >= max(room, QUICK_PAUSE_FLOOR_DB):
+        if level < max(room, QUICK_PAUSE_FLOOR_DB):
+            return
+        if not self.echo.is_echo(band_levels_db(samples, RUNTIME_RATE), since, now):
             response.pacer.pause()
             response.quick_paused = now
 
@@ -362,19 +364,20 @@ class Session:
         self.machine.to(State.INTERRUPTED)
 
     def _first_above_echo(self, start: int) -> int | None:
-        """The stream position of the first 20 ms from ``start`` on that is louder than
-        the reply's echo could be: louder than the loudest audio sent from 0.4 s before
-        ``start`` until now, less the suppression (the test the quick pause makes on each
-        frame). A reference per 20 ms window (0.4 s before its own arrival), tried, let
-        the reply's echo interrupt it: 10 false interruptions in 16 barge-ins with echo.
-        None if all of it may be echo."""
+        """The stream position of the first 20 ms from ``start`` on that is louder, in
+        either band, than the reply's echo could be: than the loudest audio sent from
+        0.4 s before ``start`` until now, less the suppression (the test the quick pause
+        makes on each frame). A reference per 20 ms window (0.4 s before its own
+        arrival), tried, let the reply's echo interrupt it: 10 false interruptions in 16
+        barge-ins with echo. None if all of it may be echo."""
         assert self._listener is not None
         audio = self._listener.history_since(start)
-        since, now = self._arrival(start), time.monotonic()
-        for offset in range(0, audio.size - LEVEL_WINDOW + 1, LEVEL_WINDOW):
-            if not self.echo.is_echo(level_db(audio[offset : offset + LEVEL_WINDOW]), since, now):
-                return start + offset
-        return None
+        n = audio.size // LEVEL_WINDOW
+        if n == 0:
+            return None
+        windows = band_levels_db(audio[: n * LEVEL_WINDOW].reshape(n, LEVEL_WINDOW), RUNTIME_RATE)
+        callers = np.flatnonzero(self.echo.callers(windows, self._arrival(start), time.monotonic()))
+        return start + int(callers[0]) * LEVEL_WINDOW if callers.size else None
 
     def _prefill(self, words: str) -> None:
         """Feed the caller's committed words to the LLM in the background (never blocks
@@ -562,7 +565,7 @@ class Session:
             position = self.ledger.record_sent(response.id, frame.num_samples)
             if not self.config.playback_acks:
                 self.ledger.record_played(position)
-            self.echo.record_sent(frame.samples, now)
+            self.echo.record_sent(frame.samples, frame.sample_rate, now)
             self.sink.audio(frame, response.id)
             if response.synthesized and response.pacer.queued_frames == 0:
                 break
