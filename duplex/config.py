@@ -66,9 +66,29 @@ class Config:
     max_sessions: int = _opt(16, "conversations at once, over all transports (more are refused)")
     session_idle_timeout_s: float = _opt(60.0, "a session whose client sends nothing this long is closed")
     shutdown_timeout_s: float = _opt(4.0, "seconds to drain on SIGINT/SIGTERM before closing")
+    webrtc_ice_servers: str | None = _opt(
+        None, "STUN/TURN URLs for WebRTC, comma-separated (none by default: direct connections only)"
+    )
+    webrtc_ice_username: str | None = _opt(None, "username for the TURN servers")
+    webrtc_ice_credential: str | None = _opt(None, "credential for the TURN servers", secret=True)
+    webrtc_host_addresses: str | None = _opt(
+        None,
+        "local addresses offered as WebRTC host candidates, comma-separated (default: all, and 127.0.0.1)",
+    )
+    webrtc_connect_timeout_s: float = _opt(
+        15.0, "a WebRTC peer not connected this long after its offer is closed"
+    )
 
     def __post_init__(self) -> None:
         _validate(self)
+
+    @property
+    def webrtc_ice_urls(self) -> list[str]:
+        return _split(self.webrtc_ice_servers)
+
+    @property
+    def webrtc_hosts(self) -> list[str] | None:
+        return _split(self.webrtc_host_addresses) if self.webrtc_host_addresses is not None else None
 
     @property
     def host_for_url(self) -> str:
@@ -128,6 +148,10 @@ def coerce(key: str, value: Any, origin: str) -> Any:
     return value
 
 
+def _split(value: str | None) -> list[str]:
+    return [part.strip() for part in (value or "").split(",") if part.strip()]
+
+
 def _validate(config: Config) -> None:
     for name, f in FIELDS.items():
         choices = f.metadata["choices"]
@@ -163,6 +187,16 @@ def _validate(config: Config) -> None:
         raise ConfigError("max_message_bytes", "must be at least 1024")
     if not 0 < config.shutdown_timeout_s <= 4.5:  # also refuses nan
         raise ConfigError("shutdown_timeout_s", "must be within (0, 4.5]: SIGTERM must stop us within 5 s")
+    for url in config.webrtc_ice_urls:
+        if not url.startswith(("stun:", "stuns:", "turn:", "turns:")):
+            raise ConfigError("webrtc_ice_servers", f"{url!r} is not a stun:, stuns:, turn: or turns: URL")
+    for address in config.webrtc_hosts or []:
+        try:
+            ipaddress.ip_address(address)
+        except ValueError:
+            raise ConfigError("webrtc_host_addresses", f"{address!r} is not an IP address") from None
+    if not 1 <= config.webrtc_connect_timeout_s <= 300:  # also refuses nan
+        raise ConfigError("webrtc_connect_timeout_s", "must be within 1-300 s")
     if config.auth_token is not None and len(config.auth_token) < 8:
         raise ConfigError("auth_token", "must be at least 8 characters")
 

@@ -15,7 +15,8 @@ from duplex.health import Readiness
 
 DEMO_DIR = Path(__file__).resolve().parent.parent / "demo_web"
 READINESS: web.AppKey[Readiness] = web.AppKey("readiness", Readiness)
-PUBLIC_PATHS = ("/healthz",)
+PUBLIC_PATHS = ("/healthz", "/")  # and the demo's static files: the page is not a secret;
+PUBLIC_PREFIX = "/static/"  # it sends its own URL's ?token= with every API call
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -29,7 +30,8 @@ def _token_ok(request: web.Request, token: str) -> bool:
 def _auth_middleware(token: str) -> Middleware:
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path not in PUBLIC_PATHS and not _token_ok(request, token):
+        public = request.path in PUBLIC_PATHS or request.path.startswith(PUBLIC_PREFIX)
+        if not public and not _token_ok(request, token):
             return web.json_response(
                 {"error": {"type": "unauthorized", "message": "missing or wrong token"}}, status=401
             )

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from audio_io.webrtc import set_host_addresses
 from duplex.config import Config
 from duplex.engines import Engines
 from duplex.grpc_app import GrpcListener
@@ -32,6 +33,7 @@ from duplex.health import ComponentState, Readiness
 from duplex.http_app import build_http_app
 from duplex.metrics import LoopLag
 from duplex.sessions import Sessions
+from duplex.webrtc_app import WebRtcEndpoint
 from models.prepare import STAGES, ModelChoice, check_models
 
 log = logging.getLogger("duplex.service")
@@ -56,6 +58,7 @@ class Service:
         self.stopped = asyncio.Event()
         self.exit_code = 0
         self.sessions = Sessions(config.max_sessions, config.session_idle_timeout_s)
+        self.webrtc = WebRtcEndpoint(config, self.sessions)
         self.engines: Engines | None = None
         self._loop_lag = LoopLag(period=0.05, keep=False)
         self._runner: web.AppRunner | None = None
@@ -65,8 +68,11 @@ class Service:
 
     async def start(self) -> None:
         check_models(model_choices(self.config))  # fail fast, before binding
+        app = build_http_app(self.config, self.readiness)
+        set_host_addresses(self.config.webrtc_hosts)
+        self.webrtc.routes(app)
         self._runner = web.AppRunner(
-            build_http_app(self.config, self.readiness),
+            app,
             shutdown_timeout=self.config.shutdown_timeout_s / 2,
             handle_signals=False,
         )
@@ -154,6 +160,7 @@ class Service:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._prepare_task
         await self._end_child(timeout / 4)
+        await self.webrtc.close_all()
         await self.sessions.close_all()
         if self.engines is not None:
             engines, self.engines = self.engines, None

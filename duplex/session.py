@@ -38,7 +38,7 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -70,6 +70,7 @@ QUICK_PAUSE_FLOOR_DB = -50.0  # a quieter frame never pauses the reply before th
 QUICK_PAUSE_OVER_ROOM_DB = 15.0  # ... nor one less this much above the quietest of the last 2 s
 QUICK_PAUSE_CONFIRM_S = 0.25  # the VAD must confirm the caller's voice this soon, or the reply goes on
 QUICK_PAUSE_HOLDOFF_S = 1.0  # after a false alarm, only the VAD pauses the reply for this long
+MAX_SYSTEM_PROMPT = 8000  # characters
 
 
 class Sink(Protocol):
@@ -98,11 +99,35 @@ class SessionConfig:
     # shown not to pause replies on their own echo (a CI run saw it do so once)
     quick_pause: bool = False
 
+    # settings a client may change while the session runs (`Session.configure`)
+    RUNTIME_KEYS: ClassVar[tuple[str, ...]] = (
+        "end_of_turn_ms",
+        "resume_false_interruptions",
+        "speculative_replies",
+        "barge_in_min_speech_ms",
+        "echo_suppression_db",
+    )
+
     def __post_init__(self) -> None:
         if self.input_rate not in (8000, 16000, 24000, 32000, 44100, 48000):
             raise SessionError("bad_audio_format", f"unsupported input rate {self.input_rate} Hz")
         if self.input_channels not in (1, 2):
             raise SessionError("bad_audio_format", f"unsupported channel count {self.input_channels}")
+        if self.system_prompt is not None and (
+            not isinstance(self.system_prompt, str) or len(self.system_prompt) > MAX_SYSTEM_PROMPT
+        ):
+            raise SessionError(
+                "bad_config", f"system_prompt must be a string of at most {MAX_SYSTEM_PROMPT} chars"
+            )
+        for key, low, high in (("end_of_turn_ms", 200, 5000), ("barge_in_min_speech_ms", 20, 1000)):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+                raise SessionError("bad_config", f"{key} must be a whole number from {low} to {high}")
+        if not isinstance(self.echo_suppression_db, int | float) or not 0 <= self.echo_suppression_db <= 40:
+            raise SessionError("bad_config", "echo_suppression_db must be a number from 0 to 40")
+        for key in ("resume_false_interruptions", "speculative_replies", "playback_acks", "quick_pause"):
+            if not isinstance(getattr(self, key), bool):
+                raise SessionError("bad_config", f"{key} must be true or false")
 
 
 class Session:
@@ -220,6 +245,22 @@ class Session:
             await self._drop(response)
         elif response is not None:
             await self._cut(response)
+
+    def configure(self, changes: dict[str, object]) -> None:
+        """Change turn-taking settings while the session runs (`SessionConfig.RUNTIME_KEYS`);
+        a bad key or value is a `SessionError`, and nothing changes."""
+        unknown = sorted(set(changes) - set(SessionConfig.RUNTIME_KEYS))
+        if unknown:
+            raise SessionError(
+                "bad_config", f"cannot change {unknown} (can: {list(SessionConfig.RUNTIME_KEYS)})"
+            )
+        self.config = replace(self.config, **changes)  # type: ignore[arg-type]
+        self.echo.suppression_db = self.config.echo_suppression_db
+        self._vad_config = replace(self._vad_config, min_silence_ms=self.config.end_of_turn_ms)
+        if self._listener is not None:
+            vad = self._listener.vad
+            vad.config = replace(vad.config, min_silence_ms=self.config.end_of_turn_ms)
+            self._quick_onsets(self._playing() is not None)
 
     def playback(self, stream_position: int) -> None:
         """The transport played the output stream up to this many samples."""

@@ -36,15 +36,20 @@ class Sessions:
     def attach(self, engines: Engines) -> None:
         self.engines = engines
 
-    async def open(self, sink: Sink, config: SessionConfig | None = None) -> Session:
-        """A started session for this transport connection, or a `SessionError`."""
+    def check_room(self) -> Engines:
+        """Raise the `SessionError` that `open` would for lack of models or room: for a
+        transport to call before it spends work on a connection."""
         if self.engines is None:
             raise SessionError("not_ready", "the models are still loading; try again shortly")
         if len(self._open) >= self.max_sessions:
             raise SessionError(
                 "too_many_sessions", f"the server is at its limit of {self.max_sessions} sessions"
             )
-        session = Session(self.engines, sink, config)
+        return self.engines
+
+    async def open(self, sink: Sink, config: SessionConfig | None = None) -> Session:
+        """A started session for this transport connection, or a `SessionError`."""
+        session = Session(self.check_room(), sink, config)
         self._open.add(session)
         try:
             await session.start()

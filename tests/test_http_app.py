@@ -72,7 +72,7 @@ async def test_static_serving_does_not_escape_demo_web(server, path):
 
 
 @pytest.mark.parametrize("server", [{"auth_token": TOKEN}], indirect=True)
-async def test_token_auth_guards_everything_but_health(server):
+async def test_token_auth_guards_everything_but_health_and_the_demo_page(server):
     srv, _ = server
     async with ClientSession() as http:
         async with http.get(srv.make_url("/metrics")) as r:
@@ -82,8 +82,12 @@ async def test_token_auth_guards_everything_but_health(server):
             assert r.status == 401
         async with http.get(srv.make_url("/metrics"), headers={"Authorization": f"Bearer {TOKEN}"}) as r:
             assert r.status == 200
-        async with http.get(srv.make_url("/").with_query(token=TOKEN)) as r:
+        async with http.get(srv.make_url("/")) as r:
+            assert r.status == 200  # the demo page and its files are public; its API calls are not
+        async with http.get(srv.make_url("/static/app.js")) as r:
             assert r.status == 200
+        async with http.post(srv.make_url("/webrtc/offer"), json={"type": "offer", "sdp": ""}) as r:
+            assert r.status == 401
         async with http.get(srv.make_url("/healthz")) as r:
             assert r.status == 503  # public, and honest about readiness
 

@@ -1,0 +1,378 @@
+"""WebRTC transport (aiortc): one peer connection per session, audio both ways and an
+``events`` data channel.
+
+    browser mic ─Opus─► remote track ─► _pump ─► on_audio(48 kHz mono AudioFrame)
+    Sink.audio (the voice's rate) ─► Resampler ─► Reframer (48 kHz, 20 ms) ─► OutboundTrack ─Opus─► browser
+    send(json) ─► data channel "events" ─► browser;   browser ─► "events" ─► on_message(text)
+
+Pacing: while a reply plays, the session's Pacer is the only clock. aiortc's sender asks
+the track for one frame at a time and reads nothing ahead, so `OutboundTrack.recv`
+hands over each pushed frame as it arrives; with nothing pushed it sends silence on its
+own 20 ms grid, so RTP timestamps stay continuous and the browser's jitter buffer never
+sees a gap. A barge-in `flush` therefore drops at most the frame or two still here.
+
+Lifecycle: the peer closes itself (and says so with `closed`) when ICE fails or the
+browser closes, when it is not connected within ``connect_timeout_s``, or when no audio
+has come in for ``inbound_timeout_s`` (a vanished browser; ICE alone notices only after
+~30 s). The route that made it closes the session with it.
+
+This module knows nothing of sessions or models: it converts wire formats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import fractions
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+import aioice.ice
+import av
+import numpy as np
+from aiortc import (
+    MediaStreamTrack,
+    RTCConfiguration,
+    RTCDataChannel,
+    RTCIceServer,
+    RTCPeerConnection,
+    RTCSessionDescription,
+)
+from aiortc.jitterbuffer import JitterFrame
+from aiortc.mediastreams import MediaStreamError
+from aiortc.rtp import RtpPacket
+
+from audio_io.frame import AudioFrame, Int16Array
+from audio_io.resample import Reframer, Resampler, downmix
+
+log = logging.getLogger("duplex.webrtc")
+
+RATE = 48000  # Opus in WebRTC
+FRAME = RATE // 50  # 20 ms
+PERIOD = 0.020
+SLACK = 0.005  # a pushed frame this late for its slot still beats silence
+MAX_PENDING_MESSAGES = 256  # events kept for a data channel that is not open yet
+MAX_GAP = RATE // 2  # lost audio up to this long is kept as silence (longer: a new start)
+_JITTER_BUFFER = "_RTCRtpReceiver__jitter_buffer"  # aiortc's, replaced by AudioJitterBuffer
+
+_interfaces = aioice.ice.get_host_addresses
+
+
+def set_host_addresses(addresses: list[str] | None) -> None:
+    """Which local addresses ICE offers as host candidates, process-wide: exactly these,
+    or (None) every interface's plus 127.0.0.1, so a browser on this machine (or in a
+    network namespace with only loopback, as in the tests) can connect. aioice itself
+    never offers loopback and has no setting for it."""
+
+    def host_addresses(use_ipv4: bool, use_ipv6: bool) -> list[str]:
+        if addresses is not None:
+            return [a for a in addresses if (":" in a and use_ipv6) or (":" not in a and use_ipv4)]
+        found = _interfaces(use_ipv4, use_ipv6)
+        return [*found, "127.0.0.1"] if use_ipv4 and "127.0.0.1" not in found else found
+
+    aioice.ice.get_host_addresses = host_addresses
+
+
+class AudioJitterBuffer:
+    """Takes the place of aiortc's audio jitter buffer: each packet is released at once,
+    in order, and a missing one is given up as soon as a later one comes.
+
+    aiortc's own (capacity 16, prefetch 4) is built for video frames of many packets: it
+    holds a frame until the next one has begun, four deep (~80 ms), and holds everything
+    behind a missing packet until 16 have piled up, then drops the lot; at 10% loss most
+    of the caller's audio never reached ASR. An Opus packet is a whole frame, so none of
+    that waiting is needed. The pump fills a lost packet's 20 ms with silence (from the
+    RTP timestamps), so time is kept; a packet that comes after its gap was given up
+    (reordered) is dropped."""
+
+    MAX_MISORDER = 100  # further behind than this: the sender restarted its numbering
+
+    def __init__(self) -> None:
+        self._next: int | None = None  # the sequence number expected next
+
+    def add(self, packet: RtpPacket) -> tuple[bool, JitterFrame | None]:
+        """The receiver's call: (whether to ask for a picture, the frame to decode)."""
+        seq = packet.sequence_number
+        if self._next is not None:
+            behind = (self._next - seq) % 65536
+            if 0 < behind <= self.MAX_MISORDER:
+                return False, None  # late or repeated
+        self._next = (seq + 1) % 65536
+        return False, JitterFrame(data=packet._data, timestamp=packet.timestamp)  # type: ignore[attr-defined]
+
+
+class OfferError(Exception):
+    """An SDP offer this transport cannot answer; ``code`` names why."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class OutboundTrack(MediaStreamTrack):
+    """48 kHz mono 20 ms frames for aiortc to encode: pushed audio as it comes, silence
+    on a 20 ms grid when there is none."""
+
+    kind = "audio"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._queue: collections.deque[Int16Array] = collections.deque()
+        self._ready = asyncio.Event()
+        self._next: float | None = None  # when the next frame is due if nothing is pushed
+        self._pts = 0
+        self._silence = np.zeros(FRAME, np.int16)
+        self.frames_sent = 0  # pushed frames handed to the encoder
+
+    def push(self, samples: Int16Array) -> None:
+        if samples.size != FRAME:
+            raise ValueError(f"OutboundTrack takes {FRAME}-sample frames, got {samples.size}")
+        self._queue.append(samples)
+        self._ready.set()
+
+    def flush(self) -> int:
+        """Drop every frame not yet handed to the encoder; returns how many."""
+        dropped = len(self._queue)
+        self._queue.clear()
+        return dropped
+
+    async def recv(self) -> av.AudioFrame:
+        if self.readyState != "live":
+            raise MediaStreamError
+        now = time.monotonic()
+        if self._next is None or self._next < now - 0.1:  # first frame, or after a stall: no burst
+            self._next = now
+        while not self._queue:
+            remaining = self._next + SLACK - time.monotonic()
+            if remaining <= 0:
+                break
+            self._ready.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._ready.wait(), remaining)
+        if self._queue:
+            samples = self._queue.popleft()
+            self.frames_sent += 1
+            self._next = time.monotonic() + PERIOD
+        else:
+            samples = self._silence
+            self._next += PERIOD
+        frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
+        frame.sample_rate = RATE
+        frame.time_base = fractions.Fraction(1, RATE)
+        frame.pts = self._pts
+        self._pts += FRAME
+        return frame
+
+
+def _ice_servers(urls: list[str], username: str | None, credential: str | None) -> list[RTCIceServer]:
+    return [RTCIceServer(urls=url, username=username, credential=credential) for url in urls]
+
+
+def _interleaved_int16(frame: av.AudioFrame) -> Int16Array:
+    """A decoded frame's samples as interleaved int16 (Opus decodes to packed s16)."""
+    raw = frame.to_ndarray()
+    if frame.format.is_planar:  # (channels, samples) -> interleaved
+        raw = raw.T
+    raw = raw.reshape(-1)
+    if raw.dtype == np.int16:
+        return raw.astype(np.int16, copy=False)
+    if np.issubdtype(raw.dtype, np.floating):
+        return np.clip(np.rint(raw * 32767), -32768, 32767).astype(np.int16)
+    return (raw.astype(np.int64) >> (8 * raw.dtype.itemsize - 16)).astype(np.int16)  # wider integers
+
+
+class WebRtcPeer:
+    """One browser's peer connection. `answer` takes its offer; the `audio`, `flush`,
+    `end_of_audio` and `send` methods carry the session's output to it."""
+
+    def __init__(
+        self,
+        ice_urls: list[str] | None = None,
+        ice_username: str | None = None,
+        ice_credential: str | None = None,
+        connect_timeout_s: float = 15.0,
+        inbound_timeout_s: float = 5.0,
+    ) -> None:
+        config = RTCConfiguration(iceServers=_ice_servers(ice_urls or [], ice_username, ice_credential))
+        self.pc = RTCPeerConnection(config)
+        self.track = OutboundTrack()
+        self.closed = asyncio.Event()
+        self.connect_timeout_s = connect_timeout_s
+        self.inbound_timeout_s = inbound_timeout_s
+        self.remote_ufrag = ""
+        self.frames_received = 0
+        self._channel: RTCDataChannel | None = None  # once the browser opens it
+        self._pending: collections.deque[str] = collections.deque(maxlen=MAX_PENDING_MESSAGES)
+        self._resampler: Resampler | None = None
+        self._reframer = Reframer(RATE)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._last_inbound = time.monotonic()
+        self._on_audio: Callable[[AudioFrame], None] = lambda frame: None
+        self._on_message: Callable[[str], Awaitable[None]] | None = None
+
+    # -- signalling --
+
+    async def answer(
+        self,
+        sdp: str,
+        on_audio: Callable[[AudioFrame], None],
+        on_message: Callable[[str], Awaitable[None]],
+    ) -> str:
+        """Take the browser's offer and return the answer SDP, with every ICE candidate
+        in it (no trickle). Raises `OfferError` for an offer that cannot be answered."""
+        self._on_audio, self._on_message = on_audio, on_message
+        if "\nm=audio " not in "\n" + sdp.replace("\r\n", "\n"):
+            raise OfferError("no_audio", "the offer has no audio section (m=audio)")
+        pc = self.pc
+        pc.on("track", self._on_track)
+        pc.on("datachannel", self._on_datachannel)
+        pc.on("connectionstatechange", self._on_state)
+        try:
+            await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
+        except Exception as e:  # aiortc raises ValueError, KeyError, ... on malformed SDP
+            raise OfferError("bad_sdp", f"the offer is not valid SDP: {e or type(e).__name__}") from None
+        audio = [t for t in pc.getTransceivers() if t.kind == "audio"]
+        if not audio:
+            raise OfferError("no_audio", "the offer has no audio section aiortc can use")
+        pc.addTrack(self.track)
+        await pc.setLocalDescription(await pc.createAnswer())
+        remote = pc.remoteDescription.sdp
+        self.remote_ufrag = next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in remote.splitlines()
+                if line.startswith("a=ice-ufrag:")
+            ),
+            "",
+        )
+        self._spawn(self._watch(), "webrtc-watchdog")
+        return str(pc.localDescription.sdp)
+
+    # -- inbound --
+
+    def _on_track(self, track: MediaStreamTrack) -> None:
+        if track.kind != "audio":
+            return
+        for transceiver in self.pc.getTransceivers():
+            receiver = transceiver.receiver
+            if receiver.track is track and hasattr(receiver, _JITTER_BUFFER):
+                setattr(receiver, _JITTER_BUFFER, AudioJitterBuffer())
+        self._spawn(self._pump(track), "webrtc-inbound")
+
+    async def _pump(self, track: MediaStreamTrack) -> None:
+        expected: int | None = None  # the RTP timestamp the next frame should have
+        while True:
+            try:
+                frame = await track.recv()
+            except MediaStreamError:
+                return
+            assert isinstance(frame, av.AudioFrame)
+            self._last_inbound = time.monotonic()
+            self.frames_received += 1
+            if expected is not None and frame.pts is not None and 0 < frame.pts - expected <= MAX_GAP:
+                self._on_audio(AudioFrame(np.zeros(frame.pts - expected, np.int16), frame.sample_rate))
+            if frame.pts is not None:
+                expected = frame.pts + frame.samples
+            samples = downmix(_interleaved_int16(frame), len(frame.layout.channels))
+            self._on_audio(AudioFrame(samples, frame.sample_rate))
+
+    def _on_datachannel(self, channel: RTCDataChannel) -> None:
+        if channel.label != "events":
+            return
+        self._channel = channel
+        channel.on("message", self._on_channel_message)
+        channel.on("close", lambda: self._spawn(self.close(), "webrtc-close"))
+        while self._pending:
+            self._send_now(self._pending.popleft())
+
+    def _on_channel_message(self, message: str | bytes) -> None:
+        if self._on_message is None:
+            return
+        text = message if isinstance(message, str) else message.decode("utf-8", errors="replace")
+        self._spawn(self._on_message(text), "webrtc-message")
+
+    # -- outbound --
+
+    def audio(self, frame: AudioFrame) -> None:
+        """A frame of the reply, at any rate: resampled and cut into 20 ms at 48 kHz."""
+        if self.closed.is_set():
+            return
+        if self._resampler is None or self._resampler.in_rate != frame.sample_rate:
+            self._resampler = Resampler(frame.sample_rate, RATE)
+        for out in self._reframer.push(self._resampler.process(downmix(frame.samples, frame.channels))):
+            self.track.push(out.samples)
+
+    def end_of_audio(self) -> None:
+        """The reply ended: its last partial frame goes out, padded with silence."""
+        tail = self._resampler.flush() if self._resampler is not None else np.zeros(0, np.int16)
+        pending = self._reframer.pending_samples + tail.size
+        if pending:
+            pad = np.zeros(-pending % FRAME, np.int16)
+            for out in self._reframer.push(np.concatenate([tail, pad])):
+                self.track.push(out.samples)
+        self._reframer.reset()
+
+    def flush(self) -> None:
+        """Barge-in: drop the audio still held here."""
+        self.track.flush()
+        if self._resampler is not None:
+            self._resampler.reset()
+        self._reframer.reset()
+
+    def send(self, text: str) -> None:
+        """A message on the ``events`` channel (kept until the browser opens it)."""
+        if self._channel is None:
+            self._pending.append(text)
+        else:
+            self._send_now(text)
+
+    def _send_now(self, text: str) -> None:
+        if self._channel is not None and self._channel.readyState == "open":
+            self._channel.send(text)
+
+    # -- lifecycle --
+
+    def _on_state(self) -> None:
+        if self.pc.connectionState in ("failed", "closed"):
+            self._spawn(self.close(), "webrtc-close")
+
+    async def _watch(self) -> None:
+        """Close a peer that never connects, or whose audio stopped coming."""
+        started = time.monotonic()
+        while not self.closed.is_set():
+            await asyncio.sleep(0.5)
+            now = time.monotonic()
+            if self.pc.connectionState != "connected":
+                if now - started > self.connect_timeout_s:
+                    log.info("webrtc peer not connected after %.0f s: closed", self.connect_timeout_s)
+                    break
+            elif now - self._last_inbound > self.inbound_timeout_s and self.frames_received:
+                log.info("webrtc peer sent no audio for %.0f s: closed", self.inbound_timeout_s)
+                break
+        await self.close()
+
+    def _spawn(self, coro: Awaitable[None], name: str) -> None:
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)
+        task.set_name(name)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("webrtc task %s failed", task.get_name(), exc_info=task.exception())
+
+    async def close(self) -> None:
+        """Close the peer connection and stop every task of it; idempotent."""
+        if self.closed.is_set():
+            return
+        self.closed.set()
+        self.track.stop()
+        current = asyncio.current_task()
+        tasks = [t for t in self._tasks if t is not current]
+        for task in tasks:
+            task.cancel()
+        await self.pc.close()
+        await asyncio.gather(*tasks, return_exceptions=True)

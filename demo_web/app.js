@@ -1,0 +1,322 @@
+"use strict";
+// The duplex browser demo: talk to the service over WebRTC (audio both ways, events on a
+// data channel). Everything the page knows is kept in window.duplexDemo, for tests and
+// the curious. No build step, no dependencies: it runs from `duplex serve` as is.
+//
+// URL options: ?autostart=1 connects at load; ?token=... for a server with auth;
+// ?processing=0 turns the browser's noise suppression and gain control off (echo
+// cancellation stays on); ?record=1 keeps the received audio (duplexDemo.recording()).
+
+const params = new URLSearchParams(location.search);
+const token = params.get("token");
+const auth = token ? { Authorization: `Bearer ${token}` } : {};
+const $ = (id) => document.getElementById(id);
+
+const demo = (window.duplexDemo = {
+  state: "idle", // idle | listening | thinking | speaking
+  connected: false,
+  sessionId: null,
+  transcripts: [], // {itemId, text, final}
+  assistantTurns: [], // {responseId, itemId, text, heard, status}
+  latencies: [], // duplex.turn.metrics events
+  audioReceivedMs: 0, // received audio louder than -40 dBFS
+  errors: [],
+  events: [], // the last 500 events, as received
+  recording: null, // with ?record=1: () => {rate, samples: base64 PCM16}
+});
+
+let pc = null;
+let channel = null;
+let mic = null;
+let audioContext = null;
+let meters = null;
+const items = new Map(); // conversation item id -> <li>
+
+// -- service health --
+
+async function waitUntilReady() {
+  for (;;) {
+    let body = { status: "unreachable" };
+    try {
+      body = await (await fetch("/healthz", { cache: "no-store" })).json();
+    } catch (err) { /* not up yet */ }
+    $("service").textContent = `service ${body.status}`;
+    $("service").className = `badge ${body.status}`;
+    if (body.status === "ready") return;
+    await new Promise((resolve) => setTimeout(resolve, 1000));
+  }
+}
+
+// -- connecting --
+
+async function start() {
+  showError(null);
+  $("talk").disabled = true;
+  try {
+    const processing = params.get("processing") !== "0";
+    mic = await navigator.mediaDevices.getUserMedia({
+      audio: { echoCancellation: true, noiseSuppression: processing, autoGainControl: processing },
+    });
+    const ice = await (await fetch("/webrtc/ice", { headers: auth })).json();
+    pc = new RTCPeerConnection({ iceServers: ice.iceServers || [] });
+    for (const track of mic.getAudioTracks()) pc.addTrack(track, mic);
+    channel = pc.createDataChannel("events");
+    channel.onopen = () => { demo.connected = true; setState("listening"); };
+    channel.onmessage = (message) => onEvent(JSON.parse(message.data));
+    channel.onclose = () => stop("the session ended");
+    pc.ontrack = (event) => {
+      const stream = event.streams[0] || new MediaStream([event.track]);
+      $("speaker").srcObject = stream; // Chrome plays (and analyses) a remote stream only via an element
+      listen(mic, stream);
+    };
+    pc.onconnectionstatechange = () => {
+      if (pc && ["failed", "closed"].includes(pc.connectionState)) stop(`connection ${pc.connectionState}`);
+    };
+    await pc.setLocalDescription(await pc.createOffer());
+    await iceGathered(pc, 3000);
+    const response = await fetch("/webrtc/offer", {
+      method: "POST",
+      headers: { ...auth, "Content-Type": "application/json" },
+      body: JSON.stringify({ type: "offer", sdp: pc.localDescription.sdp }),
+    });
+    const body = await response.json();
+    if (!response.ok) throw new Error(body.error ? `${body.error.code}: ${body.error.message}` : response.statusText);
+    demo.sessionId = body.session_id;
+    await pc.setRemoteDescription({ type: "answer", sdp: body.sdp });
+    $("talk").textContent = "Stop";
+    $("talk").classList.add("on");
+    $("text").disabled = $("send").disabled = false;
+  } catch (err) {
+    stop(null);
+    showError(`Could not connect: ${err.message || err}`);
+  } finally {
+    $("talk").disabled = false;
+  }
+}
+
+function iceGathered(peer, ms) {
+  if (peer.iceGatheringState === "complete") return Promise.resolve();
+  return new Promise((resolve) => {
+    const done = () => { clearTimeout(timer); resolve(); };
+    const timer = setTimeout(done, ms); // send what was gathered so far
+    peer.addEventListener("icegatheringstatechange", () => {
+      if (peer.iceGatheringState === "complete") done();
+    });
+  });
+}
+
+function stop(reason) {
+  if (channel) channel.onclose = null;
+  if (pc) pc.onconnectionstatechange = null;
+  channel?.close();
+  pc?.close();
+  mic?.getTracks().forEach((track) => track.stop());
+  channel = pc = mic = null;
+  if (meters) clearInterval(meters.timer);
+  meters = null;
+  demo.connected = false;
+  setState("idle");
+  $("talk").textContent = "Start talking";
+  $("talk").classList.remove("on");
+  $("text").disabled = $("send").disabled = true;
+  if (reason) showError(`Disconnected: ${reason}.`);
+}
+
+// -- what the server says --
+
+function onEvent(event) {
+  demo.events.push(event);
+  if (demo.events.length > 500) demo.events.shift();
+  switch (event.type) {
+    case "duplex.state":
+      if (event.state === "listening" || event.state === "user_speaking" || event.state === "interrupted") {
+        setState("listening");
+      } else if (event.state === "responding" && demo.state !== "speaking") {
+        setState("thinking");
+      }
+      break;
+    case "input_audio_buffer.speech_started":
+      userLine(event.item_id, "…", false);
+      break;
+    case "conversation.item.input_audio_transcription.delta":
+      userLine(event.item_id, event.delta, false);
+      break;
+    case "conversation.item.input_audio_transcription.completed":
+      userLine(event.item_id, event.transcript, true);
+      break;
+    case "response.created":
+      demo.assistantTurns.push({ responseId: event.response_id, itemId: event.item_id, text: "", heard: null, status: "in_progress" });
+      setState("thinking");
+      break;
+    case "response.output_audio_transcript.delta":
+      withTurn(event.item_id, (turn) => { turn.text += event.delta; });
+      break;
+    case "duplex.turn.metrics":
+      demo.latencies.push(event);
+      setState("speaking");
+      showLatency();
+      break;
+    case "duplex.response.resumed":
+      setState("speaking");
+      break;
+    case "conversation.item.truncated":
+      withTurn(event.item_id, (turn) => { turn.heard = event.transcript; });
+      break;
+    case "response.done":
+      withTurn(event.item_id, (turn) => { turn.status = event.status; });
+      if (demo.state !== "listening") setState("listening");
+      break;
+    case "error":
+      demo.errors.push(event.error);
+      showError(`${event.error.code}: ${event.error.message}`);
+      break;
+  }
+}
+
+function setState(state) {
+  demo.state = state;
+  $("state").textContent = state;
+  $("state").className = `state ${state}`;
+}
+
+function line(itemId, who) {
+  let li = items.get(itemId);
+  if (!li) {
+    li = document.createElement("li");
+    li.className = who;
+    items.set(itemId, li);
+    $("conversation").append(li);
+  }
+  return li;
+}
+
+function userLine(itemId, text, final) {
+  let entry = demo.transcripts.find((t) => t.itemId === itemId);
+  if (!entry) demo.transcripts.push((entry = { itemId, text, final }));
+  Object.assign(entry, { text, final });
+  const li = line(itemId, "user");
+  li.classList.toggle("partial", !final);
+  li.replaceChildren(label("you"), document.createTextNode(text));
+}
+
+function withTurn(itemId, change) {
+  const turn = demo.assistantTurns.find((t) => t.itemId === itemId);
+  if (!turn) return;
+  change(turn);
+  const li = line(itemId, "assistant");
+  const parts = [label("assistant")];
+  if (turn.heard === null) {
+    parts.push(document.createTextNode(turn.text));
+  } else { // cut by a barge-in: what was not heard is struck through
+    const cut = document.createElement("del");
+    cut.textContent = turn.text.slice(turn.heard.length);
+    parts.push(document.createTextNode(turn.heard), cut);
+  }
+  li.replaceChildren(...parts);
+}
+
+function label(who) {
+  const span = document.createElement("span");
+  span.className = "who";
+  span.textContent = who;
+  return span;
+}
+
+function showError(text) {
+  $("error").hidden = !text;
+  $("error").textContent = text || "";
+}
+
+// -- latency --
+
+const STEPS = [
+  ["endpoint_ms", "end of turn"], ["asr_final_ms", "ASR final"], ["llm_first_token_ms", "LLM first token"],
+  ["first_phrase_ms", "first phrase"], ["tts_first_audio_ms", "TTS"], ["send_ms", "send"],
+];
+
+function showLatency() {
+  const last = demo.latencies[demo.latencies.length - 1];
+  const steps = STEPS.filter(([key]) => key in last).map(([key, name]) => `${name} ${Math.round(last[key])}`);
+  $("latency").textContent = `voice-to-voice ${Math.round(last.voice_to_voice_ms)} ms (${steps.join(" · ")} ms)`;
+  const canvas = $("chart");
+  const g = canvas.getContext("2d");
+  const turns = demo.latencies.slice(-12).map((m) => m.voice_to_voice_ms);
+  const top = Math.max(1000, ...turns);
+  const width = canvas.width / 12;
+  g.clearRect(0, 0, canvas.width, canvas.height);
+  g.font = "12px system-ui, sans-serif";
+  turns.forEach((ms, i) => {
+    const h = (ms / top) * (canvas.height - 20);
+    g.fillStyle = "#6a9f6a";
+    g.fillRect(i * width + 6, canvas.height - h, width - 12, h);
+    g.fillStyle = "#222";
+    g.fillText(`${Math.round(ms)}`, i * width + 8, canvas.height - h - 4);
+  });
+}
+
+// -- levels, and what was heard --
+
+function listen(input, output) {
+  audioContext = audioContext || new AudioContext();
+  audioContext.resume();
+  const analyser = (stream) => {
+    const node = audioContext.createAnalyser();
+    node.fftSize = 1024;
+    audioContext.createMediaStreamSource(stream).connect(node);
+    return node;
+  };
+  const nodes = { in: analyser(input), out: analyser(output) };
+  if (params.get("record") === "1") record(output);
+  const buffer = new Float32Array(1024);
+  const rms = (node) => {
+    node.getFloatTimeDomainData(buffer);
+    return Math.sqrt(buffer.reduce((sum, x) => sum + x * x, 0) / buffer.length);
+  };
+  let last = performance.now();
+  const timer = setInterval(() => {
+    const now = performance.now();
+    const levelIn = rms(nodes.in);
+    const levelOut = rms(nodes.out);
+    $("level-in").value = Math.min(1, levelIn * 4);
+    $("level-out").value = Math.min(1, levelOut * 4);
+    if (levelOut > 0.01) demo.audioReceivedMs += now - last;
+    last = now;
+  }, 50);
+  meters = { timer };
+}
+
+function record(stream) {
+  const chunks = [];
+  const node = audioContext.createScriptProcessor(4096, 1, 1);
+  node.onaudioprocess = (event) => chunks.push(new Float32Array(event.inputBuffer.getChannelData(0)));
+  audioContext.createMediaStreamSource(stream).connect(node);
+  node.connect(audioContext.destination); // a processor runs only when connected; it outputs silence
+  demo.recording = () => {
+    const total = chunks.reduce((n, c) => n + c.length, 0);
+    const pcm = new Int16Array(total);
+    let at = 0;
+    for (const chunk of chunks) {
+      for (let i = 0; i < chunk.length; i++) pcm[at++] = Math.max(-32768, Math.min(32767, Math.round(chunk[i] * 32767)));
+    }
+    let binary = "";
+    const bytes = new Uint8Array(pcm.buffer);
+    for (let i = 0; i < bytes.length; i += 0x8000) binary += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
+    return { rate: audioContext.sampleRate, samples: btoa(binary) };
+  };
+}
+
+// -- the page --
+
+$("talk").addEventListener("click", () => (pc ? stop(null) : start()));
+$("text-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  const text = $("text").value.trim();
+  if (!text || !channel || channel.readyState !== "open") return;
+  channel.send(JSON.stringify({ type: "input_text", text }));
+  $("text").value = "";
+});
+
+waitUntilReady().then(() => {
+  $("talk").disabled = false;
+  if (params.get("autostart") === "1") start();
+});

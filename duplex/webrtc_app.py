@@ -1,0 +1,231 @@
+"""``POST /webrtc/offer``: a browser's SDP offer in, the answer out, and a session that
+lives as long as its peer connection.
+
+Request: ``{"type": "offer", "sdp": "...", "config": {...}}`` (``config`` optional:
+``system_prompt``, ``end_of_turn_ms``, ...). Answer: ``{"type": "answer", "sdp": "...",
+"session_id": "..."}``, every ICE candidate in it (no trickle). Errors are JSON
+``{"error": {"type", "code", "message"}}`` with 400 (a bad offer), 409 (an offer for a
+peer connection that already exists), 429 (the session limit) or 503 (models loading).
+
+On the ``events`` data channel the server sends every session event as JSON
+(``{"type": ..., ...}``) and takes control messages:
+
+- ``{"type": "input_text", "text": "..."}``: a user turn as text;
+- ``{"type": "cancel"}``: stop the reply in progress (kept as far as it was heard);
+- ``{"type": "config", ...}``: change turn-taking settings (`Session.configure`).
+
+The peer connection and the session close together, whichever goes first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from audio_io.frame import AudioFrame
+from audio_io.webrtc import RATE, OfferError, WebRtcPeer
+from duplex import events as ev
+from duplex.config import Config
+from duplex.events import Event, SessionError
+from duplex.session import Session, SessionConfig
+from duplex.sessions import Sessions
+
+log = logging.getLogger("duplex.webrtc")
+
+MAX_CONTROL_BYTES = 64 * 1024
+OFFER_CONFIG_KEYS = ("system_prompt", *SessionConfig.RUNTIME_KEYS)
+
+
+class PeerSink:
+    """The session's `Sink` for one peer connection."""
+
+    def __init__(self, peer: WebRtcPeer) -> None:
+        self.peer = peer
+
+    def audio(self, frame: AudioFrame, response_id: str) -> None:
+        self.peer.audio(frame)
+
+    def event(self, event: Event) -> None:
+        if event.type == ev.RESPONSE_DONE:
+            self.peer.end_of_audio()
+        self.peer.send(json.dumps(event.as_dict()))
+
+    def flush(self) -> None:
+        self.peer.flush()
+
+
+def _error(status: int, code: str, message: str) -> web.Response:
+    body = {"error": {"type": "invalid_request_error", "code": code, "message": message}}
+    return web.json_response(body, status=status)
+
+
+def _ice_ufrag(sdp: str) -> str:
+    """The offer's ICE username fragment: one per peer connection (empty if none)."""
+    for line in sdp.splitlines():
+        if line.startswith("a=ice-ufrag:"):
+            return line.split(":", 1)[1].strip()
+    return ""
+
+
+def _session_config(raw: Any) -> SessionConfig:
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise SessionError("bad_config", "config must be an object")
+    unknown = sorted(set(raw) - set(OFFER_CONFIG_KEYS))
+    if unknown:
+        raise SessionError("bad_config", f"unknown config keys {unknown} (known: {list(OFFER_CONFIG_KEYS)})")
+    try:
+        return SessionConfig(input_rate=RATE, **raw)
+    except TypeError as e:
+        raise SessionError("bad_config", str(e)) from None
+
+
+_STATUS = {"not_ready": 503, "too_many_sessions": 429}
+
+
+class _Inbound:
+    """Where a peer's audio and messages go: the session, once it is open (a frame
+    that comes before is dropped)."""
+
+    def __init__(self) -> None:
+        self.session: Session | None = None
+        self._control: Callable[[Session, str], Awaitable[None]] | None = None
+
+    def attach(self, session: Session, control: Callable[[Session, str], Awaitable[None]]) -> None:
+        self.session, self._control = session, control
+
+    def push(self, frame: AudioFrame) -> None:
+        if self.session is not None:
+            self.session.push_audio(frame)
+
+    async def control(self, text: str) -> None:
+        if self.session is not None and self._control is not None:
+            await self._control(self.session, text)
+
+
+class WebRtcEndpoint:
+    """Every peer connection of the process, each with its session."""
+
+    def __init__(self, config: Config, sessions: Sessions) -> None:
+        self.config = config
+        self.sessions = sessions
+        self.peers: dict[str, WebRtcPeer] = {}  # by session id
+        self._ufrags: set[str] = set()  # ICE ufrags of offers being answered
+        self._supervisors: set[asyncio.Task[None]] = set()
+
+    def routes(self, app: web.Application) -> None:
+        app.router.add_post("/webrtc/offer", self.offer)
+        app.router.add_get("/webrtc/ice", self.ice)
+
+    async def ice(self, request: web.Request) -> web.Response:
+        """The ICE servers a browser should use (none by default: direct connections)."""
+        servers: list[dict[str, Any]] = [{"urls": url} for url in self.config.webrtc_ice_urls]
+        for server in servers:
+            if self.config.webrtc_ice_username is not None:
+                server["username"] = self.config.webrtc_ice_username
+            if self.config.webrtc_ice_credential is not None:
+                server["credential"] = self.config.webrtc_ice_credential
+        return web.json_response({"iceServers": servers})
+
+    async def offer(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+        except (ValueError, UnicodeDecodeError):
+            return _error(400, "bad_offer", 'the body must be JSON: {"type": "offer", "sdp": ...}')
+        if not isinstance(body, dict) or body.get("type") != "offer" or not isinstance(body.get("sdp"), str):
+            return _error(400, "bad_offer", 'expected {"type": "offer", "sdp": "..."}')
+        if body.get("session_id") is not None:
+            return _error(409, "offer_in_use", "renegotiating a session's peer connection is not supported")
+        sdp: str = body["sdp"]
+        ufrag = _ice_ufrag(sdp)
+        if ufrag and (ufrag in self._ufrags or any(p.remote_ufrag == ufrag for p in self.peers.values())):
+            return _error(409, "offer_in_use", "this offer's peer connection already has a session")
+        try:
+            config = _session_config(body.get("config"))
+            self.sessions.check_room()  # before any work is spent on the offer
+        except SessionError as e:
+            return _error(_STATUS.get(e.code, 400), e.code, str(e))
+        self._ufrags.add(ufrag)
+        try:
+            return await self._answer(sdp, config)
+        finally:
+            self._ufrags.discard(ufrag)  # an answered peer holds it in self.peers
+
+    async def _answer(self, sdp: str, config: SessionConfig) -> web.Response:
+        peer = WebRtcPeer(
+            self.config.webrtc_ice_urls,
+            self.config.webrtc_ice_username,
+            self.config.webrtc_ice_credential,
+            connect_timeout_s=self.config.webrtc_connect_timeout_s,
+        )
+        inbound = _Inbound()
+        session: Session | None = None
+        try:
+            answer = await peer.answer(sdp, inbound.push, inbound.control)
+            session = await self.sessions.open(PeerSink(peer), config)
+        except (OfferError, SessionError) as e:
+            await peer.close()
+            return _error(_STATUS.get(e.code, 400), e.code, str(e))
+        except BaseException:  # the client went away mid-offer, or a bug: nothing is left open
+            if session is not None:
+                await self.sessions.close(session)
+            await peer.close()
+            raise
+        inbound.attach(session, self._control)
+        self.peers[session.id] = peer
+        task = asyncio.create_task(self._supervise(session, peer), name=f"{session.id}-webrtc")
+        self._supervisors.add(task)
+        task.add_done_callback(self._supervisors.discard)
+        log.info("webrtc session %s: answered", session.id)
+        return web.json_response({"type": "answer", "sdp": answer, "session_id": session.id})
+
+    async def _supervise(self, session: Session, peer: WebRtcPeer) -> None:
+        """Whichever of the two closes first, close the other."""
+        try:
+            done = [asyncio.ensure_future(peer.closed.wait()), asyncio.ensure_future(session.closed.wait())]
+            try:
+                await asyncio.wait(done, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waiter in done:
+                    waiter.cancel()
+        finally:
+            self.peers.pop(session.id, None)
+            await self.sessions.close(session)
+            await peer.close()
+            log.info("webrtc session %s: closed", session.id)
+
+    async def _control(self, session: Session, text: str) -> None:
+        """A control message from the browser; bad ones get an ``error`` event."""
+        try:
+            if len(text) > MAX_CONTROL_BYTES:
+                raise SessionError(
+                    "message_too_large", f"control messages are at most {MAX_CONTROL_BYTES} bytes"
+                )
+            try:
+                message = json.loads(text)
+            except ValueError:
+                raise SessionError("bad_message", "control messages are JSON objects") from None
+            kind = message.get("type") if isinstance(message, dict) else None
+            if kind == "input_text":
+                if not isinstance(message.get("text"), str):
+                    raise SessionError("bad_message", "input_text needs a string 'text'")
+                await session.push_text(message["text"])
+            elif kind == "cancel":
+                await session.cancel()
+            elif kind == "config":
+                session.configure({k: v for k, v in message.items() if k != "type"})
+            else:
+                raise SessionError("bad_message", f"unknown control message type {kind!r}")
+        except SessionError as e:
+            session.send_error(e)
+
+    async def close_all(self) -> None:
+        for peer in list(self.peers.values()):
+            await peer.close()
+        await asyncio.gather(*self._supervisors, return_exceptions=True)
