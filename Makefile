@@ -12,15 +12,16 @@ EXTRA ?= cpu
 TORCH_VERSION := 2.13.0
 ARGS ?=
 
-KEY := $(shell cat pyproject.toml Makefile | sha256sum | cut -c1-12)-$(EXTRA)
+KEY := $(shell cat pyproject.toml Makefile tests/e2e/package-lock.json | sha256sum | cut -c1-12)-$(EXTRA)
 STAMP_SERVE := $(VENV)/.stamp-serve-$(KEY)
 STAMP_TEST := $(VENV)/.stamp-test-$(KEY)
 
 # Debian packages. serve needs none beyond the base image today. Tests: espeak-ng and
-# sox (speech through our resampler against sox's); the end-to-end tests' real
-# clients are added here as the issues that use them land.
+# sox (speech through our resampler against sox's), Chromium for the browser demo's
+# end-to-end tests (driven by playwright-core from npm, in tests/e2e); the other
+# end-to-end tests' real clients are added here as the issues that use them land.
 DEB_SERVE :=
-DEB_TEST := sox espeak-ng
+DEB_TEST := sox espeak-ng chromium
 
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
@@ -71,6 +72,8 @@ endif
 
 $(STAMP_TEST): $(STAMP_SERVE)
 	$(call apt_install,$(DEB_TEST))
+	@command -v npm >/dev/null || { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq nodejs npm; }
+	npm ci --prefix tests/e2e --no-audit --no-fund
 	$(PIP) install -e '.[test]'
 	rm -f $(VENV)/.stamp-test-*
 	touch $@

@@ -1,0 +1,204 @@
+"""The browser demo end to end: `duplex serve` and headless Chromium (Debian's, driven by
+playwright-core from tests/e2e/) share a network namespace that holds only loopback,
+so nothing leaves the machine. Chromium's fake microphone plays a WAV of synthesized
+speech; the page's `window.duplexDemo`, the audio it received and a screenshot come
+back from tests/e2e/demo.mjs. Screenshots are kept in tests/artifacts/.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from audio_io.resample import resample
+from audio_io.wav import write_wav
+from models.speech_set import wer
+from tests.conftest import REPO, duplex_command, free_port, speech
+
+E2E = REPO / "tests" / "e2e"
+ARTIFACTS = REPO / "tests" / "artifacts"
+CHROMIUM = Path("/usr/bin/chromium")
+RATE = 48000
+
+pytestmark = pytest.mark.slow
+
+
+class Namespace:
+    """A network namespace with only loopback up, and `duplex serve` running in it."""
+
+    def __init__(self, env: dict[str, str], log: Path) -> None:
+        self.holder = subprocess.Popen(["unshare", "-n", "sleep", "infinity"])
+        self.pid = str(self.holder.pid)
+        self.run("ip", "link", "set", "lo", "up")
+        self.port = free_port()  # any port: the namespace's loopback is empty
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._log = log.open("w")
+        command = duplex_command("serve", "--port", str(self.port), "--grpc-port", str(free_port()))
+        self.server = subprocess.Popen(
+            self.enter(*command), env=env, stdout=self._log, stderr=subprocess.STDOUT
+        )
+
+    def enter(self, *command: str) -> list[str]:
+        return ["nsenter", "-t", self.pid, "-n", *command]
+
+    def run(
+        self, *command: str, timeout: float = 60, cwd: Path | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            self.enter(*command), capture_output=True, text=True, timeout=timeout, cwd=cwd, check=True
+        )
+
+    def get(self, path: str) -> str:
+        """GET a URL of the server from inside the namespace."""
+        script = (
+            f"import urllib.request as u; print(u.urlopen('{self.url}{path}', timeout=5).read().decode())"
+        )
+        return self.run("python3", "-c", script, timeout=10).stdout
+
+    def wait_ready(self, within: float) -> None:
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            assert self.server.poll() is None, "duplex serve exited"
+            try:
+                if json.loads(self.get("/healthz"))["status"] == "ready":
+                    return
+            except subprocess.CalledProcessError:
+                pass  # not listening yet, or 503 while the models load
+            time.sleep(1)
+        raise TimeoutError(f"duplex serve not ready in {within} s")
+
+    def close(self) -> None:
+        self.server.send_signal(signal.SIGTERM)
+        try:
+            self.server.wait(10)
+        except subprocess.TimeoutExpired:
+            self.server.kill()
+            self.server.wait()
+        self.holder.kill()
+        self.holder.wait()
+        self._log.close()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory) -> Iterator[Namespace]:
+    for need, how in ((CHROMIUM, "Debian's chromium"), (E2E / "node_modules" / "playwright-core", "npm ci")):
+        assert need.exists(), f"{need} is missing: `make test` installs it ({how})"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DUPLEX_")}
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1")
+    ns = Namespace(env, tmp_path_factory.mktemp("serve") / "serve.log")
+    try:
+        ns.wait_ready(within=300)
+        yield ns
+    finally:
+        ns.close()
+
+
+def fake_mic(path: Path, tts_engine, *parts: str | float) -> Path:
+    """A WAV for Chromium's fake microphone: speech (str) and silences (seconds)."""
+    audio = []
+    for part in parts:
+        if isinstance(part, str):
+            audio.append(resample(speech(tts_engine, part), 16000, RATE))
+        else:
+            audio.append(np.zeros(round(part * RATE), np.int16))
+    write_wav(path, np.concatenate(audio), RATE)
+    return path
+
+
+def browse(ns: Namespace, wav: Path, out: Path, *options: str) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    url = f"{ns.url}/?autostart=1&record=1&processing=0"
+    ns.run("node", str(E2E / "demo.mjs"), url, str(wav), str(out), *options, timeout=240, cwd=E2E)
+    result = json.loads((out / "result.json").read_text())
+    assert result["ok"], result
+    return result
+
+
+def received(result: dict) -> tuple[np.ndarray, int]:
+    recording = result["recording"]
+    return np.frombuffer(base64.b64decode(recording["samples"]), np.int16), int(recording["rate"])
+
+
+def voiced_segments(audio: np.ndarray, rate: int, gap_s: float = 0.4) -> list[tuple[int, int]]:
+    """(start, end) sample spans of sound separated by at least ``gap_s`` of silence."""
+    hop = rate // 100
+    n = audio.size // hop
+    loud = np.abs(audio[: n * hop].reshape(n, hop).astype(np.int32)).max(axis=1) > 300
+    spans: list[tuple[int, int]] = []
+    for i in np.flatnonzero(loud):
+        if spans and i - spans[-1][1] <= gap_s * 100:
+            spans[-1] = (spans[-1][0], i + 1)
+        else:
+            spans.append((i, i + 1))
+    return [(a * hop, b * hop) for a, b in spans]
+
+
+def test_a_spoken_question_in_the_browser_gets_a_spoken_reply(served, tts_engine, asr_engine, tmp_path):
+    question = "What is the capital city of France?"
+    wav = fake_mic(tmp_path / "mic.wav", tts_engine, 3.0, question, 12.0)
+    result = browse(served, wav, tmp_path / "out")
+    demo = result["demo"]
+    assert demo["connected"] and demo["state"] == "listening"
+    finals = [t["text"] for t in demo["transcripts"] if t["final"]]
+    assert finals and wer([(question, finals[0])]) <= 0.2, finals
+    turn = demo["assistantTurns"][0]
+    assert turn["status"] == "completed" and turn["text"]
+    assert demo["audioReceivedMs"] >= 1000
+    audio, rate = received(result)
+    start, end = voiced_segments(audio, rate)[0]
+    heard = asr_engine.transcribe(resample(audio[max(0, start - rate // 10) : end + rate // 10], rate, 16000))
+    assert wer([(turn["text"], heard)]) <= 0.3, (turn["text"], heard)
+    (latency,) = demo["latencies"]
+    assert latency["voice_to_voice_ms"] > 0 and "llm_first_token_ms" in latency
+    ARTIFACTS.mkdir(exist_ok=True)
+    shutil.copy(tmp_path / "out" / "page.png", ARTIFACTS / "demo_turn.png")
+
+
+def test_barge_in_in_the_browser_cuts_the_reply_to_what_was_heard(served, tts_engine, tmp_path):
+    wav = fake_mic(
+        tmp_path / "mic.wav",
+        tts_engine,
+        3.0,
+        "Please tell me a long story about a brave little dragon.",
+        3.5,  # the reply starts ~1.5-2 s after the question: this lands 1.5-2 s into it
+        "Stop please. What is two plus two?",
+        12.0,
+    )
+    result = browse(served, wav, tmp_path / "out", "--until-turns", "2")
+    demo = result["demo"]
+    cut, answer = demo["assistantTurns"][:2]
+    assert cut["status"] == "cancelled" and cut["heard"] is not None, cut
+    assert cut["text"].startswith(cut["heard"]) and len(cut["heard"]) < len(cut["text"])
+    assert demo["cutShown"]  # the page struck the unheard part through
+    (truncated,) = [e for e in demo["events"] if e["type"] == "conversation.item.truncated"]
+    assert truncated["transcript"] == cut["heard"]
+    audio, rate = received(result)
+    first = voiced_segments(audio, rate)[0]
+    played_ms = (first[1] - first[0]) / rate * 1000
+    # what the server says it sent before the cut is what the page received
+    assert abs(played_ms - truncated["audio_end_ms"]) <= 250, (played_ms, truncated)
+    assert answer["status"] == "completed"
+    ARTIFACTS.mkdir(exist_ok=True)
+    shutil.copy(tmp_path / "out" / "page.png", ARTIFACTS / "demo_barge_in.png")
+
+
+def test_a_tab_closed_mid_reply_ends_its_session_and_the_server_goes_on(served, tts_engine, tmp_path):
+    wav = fake_mic(tmp_path / "mic.wav", tts_engine, 3.0, "Please tell me a long story about a cat.", 10.0)
+    result = browse(served, wav, tmp_path / "out", "--close-after-audio-ms", "500")
+    assert result["demo"]["state"] == "speaking"
+    deadline = time.monotonic() + 15
+    while "duplex_sessions_active 0.0" not in served.get("/metrics"):
+        assert time.monotonic() < deadline, "the session outlived its tab"
+        time.sleep(0.5)
+    assert served.server.poll() is None
+    assert json.loads(served.get("/healthz"))["status"] == "ready"
