@@ -20,7 +20,7 @@ from audio_io.frame import AudioFrame
 from audio_io.resample import resample
 from audio_io.webrtc import FRAME, AudioJitterBuffer, OutboundTrack, WebRtcPeer, set_host_addresses
 from duplex import events as ev
-from duplex.config import Config
+from duplex.config import Config, ConfigError
 from duplex.health import Readiness
 from duplex.http_app import build_http_app
 from duplex.sessions import Sessions
@@ -85,6 +85,47 @@ def test_the_jitter_buffer_releases_at_once_and_skips_what_is_lost():
         if frame is not None:
             out.append(seq)
     assert out == [65533, 65534, 0, 1, 3, 5, 6, 200, 201]
+
+
+def test_ice_host_addresses_default_to_the_interfaces_and_loopback():
+    import aioice.ice
+
+    try:
+        set_host_addresses(None)
+        found = aioice.ice.get_host_addresses(use_ipv4=True, use_ipv6=False)
+        assert "127.0.0.1" in found  # aioice alone never offers it
+        set_host_addresses(["127.0.0.1", "::1"])
+        assert aioice.ice.get_host_addresses(use_ipv4=True, use_ipv6=False) == ["127.0.0.1"]
+        assert aioice.ice.get_host_addresses(use_ipv4=True, use_ipv6=True) == ["127.0.0.1", "::1"]
+    finally:
+        set_host_addresses(["127.0.0.1"])  # what every test here uses
+
+
+async def test_the_ice_servers_are_configurable_and_checked():
+    config = Config(
+        webrtc_ice_servers="stun:stun.example.org:3478, turn:turn.example.org",
+        webrtc_ice_username="u",
+        webrtc_ice_credential="secret-1",
+    )
+    app = build_http_app(config, Readiness(["llm"]))
+    WebRtcEndpoint(config, Sessions(1, 60)).routes(app)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(f"http://127.0.0.1:{server.port}/webrtc/ice") as r,
+        ):
+            servers = (await r.json())["iceServers"]
+    finally:
+        await server.close()
+    assert [s["urls"] for s in servers] == ["stun:stun.example.org:3478", "turn:turn.example.org"]
+    assert servers[1]["username"] == "u" and servers[1]["credential"] == "secret-1"
+    assert config.redacted()["webrtc_ice_credential"] == "***"
+    with pytest.raises(ConfigError, match="webrtc_ice_servers"):
+        Config(webrtc_ice_servers="http://example.org")
+    with pytest.raises(ConfigError, match="webrtc_host_addresses"):
+        Config(webrtc_host_addresses="localhost")
 
 
 # -- the endpoint, with the real models and a real peer --
