@@ -75,6 +75,14 @@ def set_host_addresses(addresses: list[str] | None) -> None:
     aioice.ice.get_host_addresses = host_addresses
 
 
+def ice_ufrag(sdp: str) -> str:
+    """An SDP's ICE username fragment: one per peer connection ("" if none)."""
+    for line in sdp.splitlines():
+        if line.startswith("a=ice-ufrag:"):
+            return line.split(":", 1)[1].strip()
+    return ""
+
+
 class AudioJitterBuffer:
     """Takes the place of aiortc's audio jitter buffer: each packet is released at once,
     in order, and a missing one is given up as soon as a later one comes.
@@ -238,15 +246,7 @@ class WebRtcPeer:
             raise OfferError("no_audio", "the offer has no audio section aiortc can use")
         pc.addTrack(self.track)
         await pc.setLocalDescription(await pc.createAnswer())
-        remote = pc.remoteDescription.sdp
-        self.remote_ufrag = next(
-            (
-                line.split(":", 1)[1].strip()
-                for line in remote.splitlines()
-                if line.startswith("a=ice-ufrag:")
-            ),
-            "",
-        )
+        self.remote_ufrag = ice_ufrag(sdp)
         self._spawn(self._watch(), "webrtc-watchdog")
         return str(pc.localDescription.sdp)
 

@@ -228,8 +228,7 @@ class Session:
         except LlmError as e:
             self.send_error(SessionError("bad_text", str(e)))
             return
-        await self._end_response()
-        self._respond(text, TurnTimes(final=time.monotonic()))
+        await self._answer(text, TurnTimes(final=time.monotonic()))
 
     async def cancel(self) -> None:
         """The client cancels the reply in progress (kept as far as it was heard)."""
@@ -475,7 +474,7 @@ class Session:
             await self._barge_in(pending)
         self._emit(ev.TRANSCRIPT_DONE, item_id=self._user_item, transcript=text)
         if text:
-            self._respond(text, self._times)
+            await self._answer(text, self._times)
         elif self._response is None:
             self.machine.to(State.LISTENING)
 
@@ -504,6 +503,14 @@ class Session:
         """The reply whose audio has begun to go out (not one merely being thought)."""
         response = self._response
         return response if response is not None and response.times.first_sent is not None else None
+
+    async def _answer(self, text: str, times: TurnTimes) -> None:
+        """Reply to a user turn. A reply still in progress ends first (cut as heard):
+        text input and speech come from different tasks, and either may have begun one
+        while the other waited."""
+        while self._response is not None:
+            await self._end_response()
+        self._respond(text, times)
 
     def _respond(self, text: str, times: TurnTimes, held: bool = False) -> None:
         assert self._response is None, "a response is already in progress"

@@ -28,7 +28,7 @@ from typing import Any
 from aiohttp import web
 
 from audio_io.frame import AudioFrame
-from audio_io.webrtc import RATE, OfferError, WebRtcPeer
+from audio_io.webrtc import RATE, OfferError, WebRtcPeer, ice_ufrag
 from duplex import events as ev
 from duplex.config import Config
 from duplex.events import Event, SessionError
@@ -62,14 +62,6 @@ class PeerSink:
 def _error(status: int, code: str, message: str) -> web.Response:
     body = {"error": {"type": "invalid_request_error", "code": code, "message": message}}
     return web.json_response(body, status=status)
-
-
-def _ice_ufrag(sdp: str) -> str:
-    """The offer's ICE username fragment: one per peer connection (empty if none)."""
-    for line in sdp.splitlines():
-        if line.startswith("a=ice-ufrag:"):
-            return line.split(":", 1)[1].strip()
-    return ""
 
 
 def _session_config(raw: Any) -> SessionConfig:
@@ -143,7 +135,7 @@ class WebRtcEndpoint:
         if body.get("session_id") is not None:
             return _error(409, "offer_in_use", "renegotiating a session's peer connection is not supported")
         sdp: str = body["sdp"]
-        ufrag = _ice_ufrag(sdp)
+        ufrag = ice_ufrag(sdp)
         if ufrag and (ufrag in self._ufrags or any(p.remote_ufrag == ufrag for p in self.peers.values())):
             return _error(409, "offer_in_use", "this offer's peer connection already has a session")
         try:

@@ -10,6 +10,7 @@ import pytest
 from audio_io.pcm import RUNTIME_RATE
 from duplex import events as ev
 from duplex.caller import Silence, Speak, UntilHeard, UntilReplyDone, VirtualCaller
+from duplex.events import SessionError
 from duplex.session import Session, SessionConfig
 from duplex.state import State
 from duplex.turn import is_backchannel
@@ -294,3 +295,28 @@ async def test_a_session_fed_garbage_does_not_disturb_another(engines, tts_engin
     assert codes == {"bad_audio_format", "input_overflow"}
     await asyncio.sleep(0.05)
     assert asyncio.all_tasks() - before - {asyncio.current_task()} == set()
+
+
+async def test_text_turns_that_race_each_other_are_answered_in_turn(engines):
+    caller = VirtualCaller()
+    session = Session(engines, caller, SessionConfig())
+    await session.start()
+    try:
+        # two clients' tasks at once: each waits for the other's reply to end
+        await asyncio.gather(session.push_text("Tell me a story."), session.push_text("Say hi."))
+        for _ in range(1500):
+            if len(caller.of_type(ev.RESPONSE_DONE)) == 2:
+                break
+            await asyncio.sleep(0.02)
+        with pytest.raises(SessionError):
+            session.configure({"system_prompt": "new"})
+        with pytest.raises(SessionError):
+            session.configure({"end_of_turn_ms": 50})
+        session.configure({"end_of_turn_ms": 800, "speculative_replies": False})
+        assert session.config.end_of_turn_ms == 800
+        assert session._listener is not None and session._listener.vad.config.min_silence_ms == 800
+    finally:
+        await session.close()
+    statuses = [e.data["status"] for e in caller.of_type(ev.RESPONSE_DONE)]
+    assert statuses == ["cancelled", "completed"]
+    assert not caller.of_type(ev.ERROR)
