@@ -116,3 +116,36 @@ class Reframer:
         self._buffer = np.zeros(0, dtype=np.int16)
         self._emitted = 0
         self._t0 = None
+
+
+class FrameResampler:
+    """Audio at any rate in, whole frames (20 ms) at ``out_rate`` out: what a transport
+    that sends fixed frames needs from the voice's output. `finish` (the reply ended)
+    sends the held remainder padded with silence; `reset` (barge-in) drops it."""
+
+    def __init__(self, out_rate: int, frame_ms: int = 20) -> None:
+        self.out_rate = out_rate
+        self._resampler: Resampler | None = None
+        self._reframer = Reframer(out_rate, frame_ms)
+
+    def push(self, samples: Int16Array, in_rate: int) -> list[Int16Array]:
+        if self._resampler is None or self._resampler.in_rate != in_rate:
+            self._resampler = Resampler(in_rate, self.out_rate)
+        return [f.samples for f in self._reframer.push(self._resampler.process(samples))]
+
+    def finish(self) -> list[Int16Array]:
+        tail = self._resampler.flush() if self._resampler is not None else np.zeros(0, np.int16)
+        pending = self._reframer.pending_samples + tail.size
+        pad = np.zeros(-pending % self._reframer.frame_samples, np.int16)
+        frames = [f.samples for f in self._reframer.push(np.concatenate([tail, pad]))] if pending else []
+        self._reframer.reset()
+        return frames
+
+    def reset(self) -> None:
+        if self._resampler is not None:
+            self._resampler.reset()
+        self._reframer.reset()
+
+    @property
+    def pending_samples(self) -> int:
+        return self._reframer.pending_samples

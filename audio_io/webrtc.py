@@ -45,14 +45,15 @@ from aiortc.mediastreams import MediaStreamError
 from aiortc.rtp import RtpPacket
 
 from audio_io.frame import AudioFrame, Int16Array
-from audio_io.resample import Reframer, Resampler, downmix
+from audio_io.resample import FrameResampler, downmix
 
 log = logging.getLogger("duplex.webrtc")
 
 RATE = 48000  # Opus in WebRTC
 FRAME = RATE // 50  # 20 ms
 PERIOD = 0.020
-SLACK = 0.005  # a pushed frame this late for its slot still beats silence
+SLACK_IDLE = 0.005  # between replies, silence goes out this late for its slot
+SLACK_PLAYING = 0.030  # mid-reply, a late frame (a busy machine) beats a 20 ms hole in the voice
 MAX_PENDING_MESSAGES = 256  # events kept for a data channel that is not open yet
 MAX_GAP = RATE // 2  # lost audio up to this long is kept as silence (longer: a new start)
 _JITTER_BUFFER = "_RTCRtpReceiver__jitter_buffer"  # aiortc's, replaced by AudioJitterBuffer
@@ -130,6 +131,7 @@ class OutboundTrack(MediaStreamTrack):
         self._queue: collections.deque[Int16Array] = collections.deque()
         self._ready = asyncio.Event()
         self._next: float | None = None  # when the next frame is due if nothing is pushed
+        self._playing = False  # the last frame was pushed audio
         self._pts = 0
         self._silence = np.zeros(FRAME, np.int16)
         self.frames_sent = 0  # pushed frames handed to the encoder
@@ -152,13 +154,15 @@ class OutboundTrack(MediaStreamTrack):
         now = time.monotonic()
         if self._next is None or self._next < now - 0.1:  # first frame, or after a stall: no burst
             self._next = now
+        slack = SLACK_PLAYING if self._playing else SLACK_IDLE
         while not self._queue:
-            remaining = self._next + SLACK - time.monotonic()
+            remaining = self._next + slack - time.monotonic()
             if remaining <= 0:
                 break
             self._ready.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._ready.wait(), remaining)
+        self._playing = bool(self._queue)
         if self._queue:
             samples = self._queue.popleft()
             self.frames_sent += 1
@@ -213,8 +217,7 @@ class WebRtcPeer:
         self.frames_received = 0
         self._channel: RTCDataChannel | None = None  # once the browser opens it
         self._pending: collections.deque[str] = collections.deque(maxlen=MAX_PENDING_MESSAGES)
-        self._resampler: Resampler | None = None
-        self._reframer = Reframer(RATE)
+        self._frames = FrameResampler(RATE)
         self._tasks: set[asyncio.Task[None]] = set()
         self._last_inbound = time.monotonic()
         self._on_audio: Callable[[AudioFrame], None] = lambda frame: None
@@ -299,27 +302,22 @@ class WebRtcPeer:
         """A frame of the reply, at any rate: resampled and cut into 20 ms at 48 kHz."""
         if self.closed.is_set():
             return
-        if self._resampler is None or self._resampler.in_rate != frame.sample_rate:
-            self._resampler = Resampler(frame.sample_rate, RATE)
-        for out in self._reframer.push(self._resampler.process(downmix(frame.samples, frame.channels))):
-            self.track.push(out.samples)
+        for samples in self._frames.push(downmix(frame.samples, frame.channels), frame.sample_rate):
+            self.track.push(samples)
 
-    def end_of_audio(self) -> None:
-        """The reply ended: its last partial frame goes out, padded with silence."""
-        tail = self._resampler.flush() if self._resampler is not None else np.zeros(0, np.int16)
-        pending = self._reframer.pending_samples + tail.size
-        if pending:
-            pad = np.zeros(-pending % FRAME, np.int16)
-            for out in self._reframer.push(np.concatenate([tail, pad])):
-                self.track.push(out.samples)
-        self._reframer.reset()
+    def end_of_audio(self, played_out: bool = True) -> None:
+        """The reply ended: its last partial frame goes out, padded with silence (or,
+        for a reply that was cut, is dropped)."""
+        if not played_out:
+            self._frames.reset()
+            return
+        for samples in self._frames.finish():
+            self.track.push(samples)
 
     def flush(self) -> None:
         """Barge-in: drop the audio still held here."""
         self.track.flush()
-        if self._resampler is not None:
-            self._resampler.reset()
-        self._reframer.reset()
+        self._frames.reset()
 
     def send(self, text: str) -> None:
         """A message on the ``events`` channel (kept until the browser opens it)."""

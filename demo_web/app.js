@@ -5,7 +5,8 @@
 //
 // URL options: ?autostart=1 connects at load; ?token=... for a server with auth;
 // ?processing=0 turns the browser's noise suppression and gain control off (echo
-// cancellation stays on); ?record=1 keeps the received audio (duplexDemo.recording()).
+// cancellation stays on); ?record=1 keeps the received audio (await duplexDemo.recording():
+// a WebM/Opus file, base64).
 
 const params = new URLSearchParams(location.search);
 const token = params.get("token");
@@ -22,7 +23,8 @@ const demo = (window.duplexDemo = {
   audioReceivedMs: 0, // received audio louder than -40 dBFS
   errors: [],
   events: [], // the last 500 events, as received
-  recording: null, // with ?record=1: () => {rate, samples: base64 PCM16}
+  recording: null, // with ?record=1: async () => {mimeType, data: base64 WebM/Opus}
+  stats: null, // async () => the received audio's WebRTC statistics (jitter buffer, concealment)
 });
 
 let pc = null;
@@ -82,6 +84,10 @@ async function start() {
     const body = await response.json();
     if (!response.ok) throw new Error(body.error ? `${body.error.code}: ${body.error.message}` : response.statusText);
     demo.sessionId = body.session_id;
+    demo.stats = async () => {
+      const report = await pc.getStats();
+      return [...report.values()].find((s) => s.type === "inbound-rtp" && s.kind === "audio") || null;
+    };
     await pc.setRemoteDescription({ type: "answer", sdp: body.sdp });
     $("talk").textContent = "Stop";
     $("talk").classList.add("on");
@@ -286,22 +292,17 @@ function listen(input, output) {
 }
 
 function record(stream) {
-  const chunks = [];
-  const node = audioContext.createScriptProcessor(4096, 1, 1);
-  node.onaudioprocess = (event) => chunks.push(new Float32Array(event.inputBuffer.getChannelData(0)));
-  audioContext.createMediaStreamSource(stream).connect(node);
-  node.connect(audioContext.destination); // a processor runs only when connected; it outputs silence
-  demo.recording = () => {
-    const total = chunks.reduce((n, c) => n + c.length, 0);
-    const pcm = new Int16Array(total);
-    let at = 0;
-    for (const chunk of chunks) {
-      for (let i = 0; i < chunk.length; i++) pcm[at++] = Math.max(-32768, Math.min(32767, Math.round(chunk[i] * 32767)));
-    }
+  // MediaRecorder encodes off the main thread, so a busy page does not glitch the recording
+  const parts = [];
+  const recorder = new MediaRecorder(stream, { mimeType: "audio/webm;codecs=opus" });
+  recorder.ondataavailable = (event) => parts.push(event.data);
+  recorder.start(500);
+  demo.recording = async () => {
+    await new Promise((resolve) => { recorder.onstop = resolve; recorder.stop(); });
+    const bytes = new Uint8Array(await new Blob(parts).arrayBuffer());
     let binary = "";
-    const bytes = new Uint8Array(pcm.buffer);
     for (let i = 0; i < bytes.length; i += 0x8000) binary += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
-    return { rate: audioContext.sampleRate, samples: btoa(binary) };
+    return { mimeType: recorder.mimeType, data: btoa(binary) };
   };
 }
 

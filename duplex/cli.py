@@ -63,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     say.add_argument("-o", "--output", type=Path, required=True, help="WAV file to write")
     say.add_argument("--rate", type=int, default=None, help="sample rate of the WAV (default: the voice's)")
     say.add_argument("--deterministic", action="store_true", help="no generator noise: same audio every time")
+    client = sub.add_parser("client", help="talk to a duplex server over gRPC (a WAV file, stdin, or --mic)")
+    _add_config_flags(client, ("log_level",))
+    _add_client_arguments(client)
     bench = sub.add_parser("bench", help="measure a stage; prints one JSON object as its last line")
     _add_config_flags(
         bench,
@@ -96,6 +99,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_client_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("input", nargs="?", help="WAV file, or '-' for raw PCM16 mono on stdin")
+    parser.add_argument("--target", default="127.0.0.1:50051", help="the server's gRPC address")
+    parser.add_argument("--token", default=None, help="the server's auth token (or DUPLEX_AUTH_TOKEN)")
+    parser.add_argument("--stdin-rate", type=int, default=16000, help="sample rate of PCM on stdin")
+    parser.add_argument("--fast", action="store_true", help="send as fast as the server takes it")
+    parser.add_argument("--mic", action="store_true", help="talk live: microphone in, speakers out")
+    parser.add_argument("--out", type=Path, default=None, help="write the reply audio to this WAV file")
+    parser.add_argument("--system-prompt", default="", help="the assistant's instructions for this session")
+    parser.add_argument("--wait-s", type=float, default=60.0, help="longest wait for the replies")
+
+
 def _flags(args: argparse.Namespace) -> dict[str, Any]:
     return {k: v for k, v in vars(args).items() if k in FIELDS and v is not None}
 
@@ -124,6 +139,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from duplex.speech_cli import say
 
             return say(config, args)
+        if args.command == "client":
+            from duplex.client_cli import run
+
+            return asyncio.run(run(args, args.token or config.auth_token))
         if args.command == "bench":
             from duplex.bench import run_bench
 
@@ -137,7 +156,14 @@ def _serve(config: Config, cache_dir: Path) -> int:
     from duplex.service import serve
 
     log.info("starting duplex %s", __version__, extra={"fields": {"config": config.redacted()}})
-    return asyncio.run(serve(config, cache_dir))
+    code = asyncio.run(serve(config, cache_dir))
+    # Everything was closed in order by Service.stop. The interpreter's own teardown
+    # (finalizers of vLLM, torch, onnxruntime) then took ~3.5 s, which put SIGTERM past
+    # its 5 s budget on a loaded machine; there is nothing left for it to do.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _prepare(config: Config, cache_dir: Path, args: argparse.Namespace) -> int:

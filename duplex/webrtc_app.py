@@ -52,7 +52,7 @@ class PeerSink:
 
     def event(self, event: Event) -> None:
         if event.type == ev.RESPONSE_DONE:
-            self.peer.end_of_audio()
+            self.peer.end_of_audio(played_out=event.data.get("status") == "completed")
         self.peer.send(json.dumps(event.as_dict()))
 
     def flush(self) -> None:

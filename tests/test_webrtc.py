@@ -69,7 +69,7 @@ async def test_the_peer_turns_the_voice_into_20ms_frames_at_48khz():
     assert abs(np.argmax(spectrum) * 48000 / 38400 - 440) < 5
     peer.audio(AudioFrame(voice[:441], 22050))
     peer.flush()
-    assert peer.track.flush() == 0 and peer._reframer.pending_samples == 0
+    assert peer.track.flush() == 0 and peer._frames.pending_samples == 0
     await peer.close()
 
 

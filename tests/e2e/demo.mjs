@@ -50,6 +50,7 @@ try {
     );
     await page.waitForTimeout(1500); // the reply's last audio, and the page settles
     result.demo = await snapshot(page);
+    result.stats = await page.evaluate(() => window.duplexDemo.stats && window.duplexDemo.stats());
     result.recording = await page.evaluate(() => window.duplexDemo.recording && window.duplexDemo.recording());
     await page.screenshot({ path: join(out, "page.png"), fullPage: true });
   }
