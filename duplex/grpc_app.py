@@ -1,4 +1,5 @@
-"""The gRPC listener: standard health and reflection (services attach here)."""
+"""The gRPC listener: `duplex.v1.Duplex` (duplex/grpc_converse.py), standard health and
+reflection."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from audio_io._proto import duplex_pb2, duplex_pb2_grpc
 from duplex.config import Config
+from duplex.grpc_converse import DuplexService
+from duplex.sessions import Sessions
 
 PUBLIC_METHODS = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 
@@ -29,19 +33,27 @@ class _TokenInterceptor(grpc.aio.ServerInterceptor):
         method = handler_call_details.method or ""
         metadata = dict(handler_call_details.invocation_metadata or ())
         given = str(metadata.get("authorization", "")).encode()
-        if method.startswith(PUBLIC_METHODS) or hmac.compare_digest(given, self._expected):
-            return await continuation(handler_call_details)
+        handler = await continuation(handler_call_details)
+        if handler is None or method.startswith(PUBLIC_METHODS) or hmac.compare_digest(given, self._expected):
+            return handler
 
         async def deny(request: Any, context: grpc.aio.ServicerContext) -> None:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong token")
 
+        # the refusal must have the method's own shape, or a streaming call sees INTERNAL
+        if handler.request_streaming and handler.response_streaming:
+            return grpc.stream_stream_rpc_method_handler(deny)
+        if handler.request_streaming:
+            return grpc.stream_unary_rpc_method_handler(deny)
+        if handler.response_streaming:
+            return grpc.unary_stream_rpc_method_handler(deny)
         return grpc.unary_unary_rpc_method_handler(deny)
 
 
 class GrpcListener:
     """The grpc.aio server and its health servicer, which follows `Readiness`."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, sessions: Sessions | None = None) -> None:
         interceptors = [_TokenInterceptor(config.auth_token)] if config.auth_token else []
         self.server = grpc.aio.server(
             interceptors=interceptors,
@@ -52,7 +64,11 @@ class GrpcListener:
         )
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        services = (health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
+        services = [health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME]
+        if sessions is not None:
+            converse = DuplexService(sessions, first_message_timeout_s=config.session_idle_timeout_s)
+            duplex_pb2_grpc.add_DuplexServicer_to_server(converse, self.server)
+            services.append(duplex_pb2.DESCRIPTOR.services_by_name["Duplex"].full_name)
         reflection.enable_server_reflection(services, self.server)
         self.port = self.server.add_insecure_port(f"{config.host_for_url}:{config.grpc_port}")
 

@@ -79,7 +79,7 @@ class Service:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.config.host, self.config.port)
         await site.start()
-        self._grpc = GrpcListener(self.config)
+        self._grpc = GrpcListener(self.config, self.sessions)
         await self._grpc.start()
         grpc_listener = self._grpc
 

@@ -83,6 +83,7 @@ class TtsEngine:
         from piper import PiperVoice, SynthesisConfig
 
         self.voice = PiperVoice.load(str(voice_path))
+        self.name = Path(voice_path).name.removesuffix(".onnx")  # e.g. en_US-joe-medium
         self.sample_rate: int = self.voice.config.sample_rate
         self.frame_samples = self.sample_rate // 50
         # piper's generator noise makes every synthesis differ; tests want repeatable audio

@@ -1,0 +1,351 @@
+"""`duplex.v1.Duplex.Converse` with the real models: the Python client, exact
+truncation from PlaybackAck, and bad input answered with the right status."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import grpc
+import numpy as np
+import pytest
+import pytest_asyncio
+
+from audio_io._proto import duplex_pb2 as pb
+from audio_io._proto import duplex_pb2_grpc as pb_grpc
+from audio_io.wav import read_wav, write_wav
+from duplex.caller import heard_by_marks
+from duplex.config import Config
+from duplex.grpc_app import GrpcListener
+from duplex.grpc_client import Conversation, DuplexClient
+from duplex.sessions import Sessions
+from models.speech_set import wer
+from tests.conftest import REPO, duplex_command, speech
+
+pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
+
+E2E = REPO / "tests" / "e2e"
+QUESTION = "What is the capital city of France?"
+FRAME = 320  # 20 ms at 16 kHz
+Kind = pb.TurnEvent
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def served(engines):
+    config = Config(grpc_port=0, max_sessions=8, session_idle_timeout_s=20)
+    sessions = Sessions(config.max_sessions, config.session_idle_timeout_s)
+    sessions.attach(engines)
+    listener = GrpcListener(config, sessions)
+    await listener.start()
+    yield f"127.0.0.1:{listener.port}", sessions
+    await sessions.close_all()
+    await listener.stop(grace=1)
+
+
+class Caller:
+    """Streams audio in real time (silence after it) and keeps what comes back."""
+
+    def __init__(self, conversation: Conversation, talk: bool = True) -> None:
+        self.conversation = conversation
+        self.events: list[pb.ServerEvent] = []
+        self._queue: list[np.ndarray] = []
+        self._sending = asyncio.create_task(self._send()) if talk else None
+
+    def say(self, audio: np.ndarray) -> None:
+        self._queue += [audio[i : i + FRAME] for i in range(0, audio.size, FRAME)]
+
+    async def _send(self) -> None:
+        start, k = time.monotonic(), 0
+        while True:
+            chunk = self._queue.pop(0) if self._queue else np.zeros(FRAME, np.int16)
+            k += 1
+            await asyncio.sleep(max(0.0, start + k * 0.02 - time.monotonic()))
+            await self.conversation.send_audio(chunk.astype("<i2").tobytes())
+
+    async def until(self, kind: int, count: int = 1, within: float = 60.0) -> None:
+        async with asyncio.timeout(within):
+            async for event in self.conversation:
+                self.events.append(event)
+                if len(self.turns(kind)) >= count:
+                    return
+
+    async def hang_up(self) -> tuple[grpc.StatusCode, str]:
+        """Stop talking, half-close, read to the end."""
+        if self._sending is not None:
+            self._sending.cancel()
+            await asyncio.gather(self._sending, return_exceptions=True)
+        await self.conversation.close()
+        async for event in self.conversation:
+            self.events.append(event)
+        return await self.conversation.status()
+
+    def turns(self, kind: int) -> list[pb.TurnEvent]:
+        return [e.turn for e in self.events if e.HasField("turn") and e.turn.kind == kind]
+
+    def of(self, field: str) -> list:
+        return [getattr(e, field) for e in self.events if e.HasField(field)]
+
+
+async def test_a_spoken_question_gets_a_spoken_reply(served, tts_engine):
+    target, sessions = served
+    async with DuplexClient(target) as client:
+        conversation = await client.converse()
+        assert conversation.started.api_version == 1 and conversation.started.session_id
+        assert conversation.started.output_format.sample_rate == tts_engine.sample_rate
+        caller = Caller(conversation)
+        caller.say(speech(tts_engine, QUESTION))
+        await caller.until(Kind.RESPONSE_DONE)
+        status, _ = await caller.hang_up()
+    assert status == grpc.StatusCode.OK
+    finals = [t.text for t in caller.of("transcript") if t.final]
+    assert len(finals) == 1 and wer([(QUESTION, finals[0])]) <= 0.2
+    assert "Paris" in "".join(t.delta for t in caller.of("text"))
+    audio = caller.of("audio")
+    assert [a.sequence for a in audio] == list(range(len(audio)))
+    assert sum(len(a.data) for a in audio) / 2 / tts_engine.sample_rate >= 1.0
+    (metrics,) = caller.of("metrics")
+    assert metrics.voice_to_voice_ms > 0 and "llm_first_token_ms" in metrics.steps_ms
+    kinds = [t.kind for t in caller.of("turn")]
+    assert kinds == [Kind.SPEECH_STARTED, Kind.SPEECH_STOPPED, Kind.RESPONSE_STARTED, Kind.RESPONSE_DONE]
+    assert len(sessions) == 0
+
+
+async def test_barge_in_truncates_to_what_the_client_says_it_played(served, tts_engine):
+    target, sessions = served
+    rate = tts_engine.sample_rate
+    async with DuplexClient(target) as client:
+        conversation = await client.converse(playback_acks=True)
+        (session,) = sessions._open
+        caller = Caller(conversation)
+        caller.say(speech(tts_engine, "Please tell me a long story about a brave little dragon."))
+        received, acked = 0, 0
+        async with asyncio.timeout(60):
+            async for event in conversation:
+                caller.events.append(event)
+                if event.HasField("audio"):
+                    received += len(event.audio.data) // 2
+                    acked = max(0, received - rate // 4)  # a 250 ms playout buffer behind what came
+                    await conversation.ack(acked)
+                if received >= int(1.5 * rate):
+                    break
+        response_id = caller.of("audio")[0].response_id
+        caller.say(speech(tts_engine, "Stop please. What is two plus two?"))
+        await caller.until(Kind.INTERRUPTED)
+        turn = session.ledger.turn(response_id)
+        marks = [(m.char_start, m.char_end, m.sample_start, m.sample_end) for m in turn.marks]
+        await caller.until(Kind.RESPONSE_DONE, count=2)
+        await caller.hang_up()
+    (cut,) = caller.turns(Kind.INTERRUPTED)
+    assert cut.heard_text == heard_by_marks(turn.text, marks, turn.played) and cut.heard_text
+    # the server went by the acks, not by what it sent: the last ack before the cut
+    assert turn.played <= acked and received - turn.played >= rate // 4
+    assert cut.audio_ms == turn.played * 1000 // rate
+
+
+async def raw_call(
+    target: str, *messages: pb.ClientEvent, limit: int = 16 << 20
+) -> tuple[grpc.StatusCode, str]:
+    options = [("grpc.max_send_message_length", limit), ("grpc.max_receive_message_length", limit)]
+    async with grpc.aio.insecure_channel(target, options=options) as channel:
+        call = pb_grpc.DuplexStub(channel).Converse()
+        try:
+            for message in messages:
+                await call.write(message)
+            await call.done_writing()
+            async for _ in call:
+                pass
+        except grpc.aio.AioRpcError:
+            pass  # the server ended the call: its status says why
+        return await call.code(), await call.details()
+
+
+def config_event(encoding: pb.AudioEncoding = pb.PCM16, rate: int = 16000, **fields) -> pb.ClientEvent:
+    fmt = pb.AudioFormat(encoding=encoding, sample_rate=rate)
+    return pb.ClientEvent(config=pb.SessionConfig(input_format=fmt, **fields))
+
+
+async def test_bad_streams_end_with_the_right_status(served):
+    target, sessions = served
+    audio = pb.ClientEvent(audio=pb.AudioChunk(data=b"\x00\x00" * 320))
+    cases = [
+        ((audio,), grpc.StatusCode.INVALID_ARGUMENT, "first message must be a SessionConfig"),
+        ((config_event(rate=44100),), grpc.StatusCode.INVALID_ARGUMENT, "PCM16 takes sample rates"),
+        ((config_event(pb.MULAW, 16000),), grpc.StatusCode.INVALID_ARGUMENT, "8000 Hz only"),
+        ((config_event(pb.AUDIO_ENCODING_UNSPECIFIED),), grpc.StatusCode.INVALID_ARGUMENT, "no encoding"),
+        ((config_event(voice="someone-else"),), grpc.StatusCode.INVALID_ARGUMENT, "unknown voice"),
+        (
+            (config_event(turn_taking=pb.TurnTaking(end_of_turn_ms=5)),),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "end_of_turn_ms",
+        ),
+        (
+            (config_event(), pb.ClientEvent(audio=pb.AudioChunk(data=b"\x00" * 641))),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "whole 2-byte samples",
+        ),
+        ((config_event(), config_event()), grpc.StatusCode.INVALID_ARGUMENT, "only first"),
+        ((config_event(), pb.ClientEvent()), grpc.StatusCode.INVALID_ARGUMENT, "empty ClientEvent"),
+        (
+            (config_event(), pb.ClientEvent(audio=pb.AudioChunk(data=b"\x00" * (10 << 20)))),
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "",
+        ),
+    ]
+    for messages, code, words in cases:
+        got, details = await raw_call(target, *messages)
+        assert got == code and words in details, (messages[-1].WhichOneof("event"), got, details)
+    await asyncio.sleep(0.2)
+    assert len(sessions) == 0
+
+
+async def test_audio_after_cancel_and_a_half_close_mid_turn(served, tts_engine):
+    target, sessions = served
+    async with DuplexClient(target) as client:
+        conversation = await client.converse(
+            input_format=pb.AudioFormat(encoding=pb.MULAW, sample_rate=8000),
+            output_format=pb.AudioFormat(encoding=pb.PCM16, sample_rate=8000),
+        )
+        await conversation.say("Tell me a long story about a cat.")
+        async with asyncio.timeout(30):
+            async for event in conversation:
+                if event.HasField("audio"):
+                    break
+        await conversation.cancel()
+        from audio_io.g711 import ulaw_encode
+        from audio_io.resample import resample
+
+        question = ulaw_encode(resample(speech(tts_engine, QUESTION), 16000, 8000)).tobytes()
+        caller = Caller(conversation, talk=False)  # this one sends mu-law itself
+        for i in range(0, len(question), 160):
+            await conversation.send_audio(question[i : i + 160])
+            await asyncio.sleep(0.02)
+        for _ in range(40):  # trailing silence, then the client half-closes mid-turn
+            await conversation.send_audio(b"\xff" * 160)
+            await asyncio.sleep(0.02)
+        await conversation.close()
+        async for event in conversation:
+            caller.events.append(event)
+        status, _ = await conversation.status()
+    assert status == grpc.StatusCode.OK
+    done = caller.turns(Kind.RESPONSE_DONE)
+    assert [d.status for d in done][-1] == "completed"  # the reply to the question played out
+    assert "Paris" in "".join(t.delta for t in caller.of("text"))
+    assert all(len(a.data) == 320 for a in caller.of("audio"))  # 20 ms of PCM16 at 8 kHz
+    assert len(sessions) == 0
+
+
+async def until_no_session(sessions: Sessions, within: float = 10.0) -> None:
+    deadline = time.monotonic() + within
+    while len(sessions):
+        assert time.monotonic() < deadline, f"{len(sessions)} sessions left"
+        await asyncio.sleep(0.05)
+
+
+async def test_vanished_and_dropped_clients_leave_nothing_behind(served, tts_engine):
+    target, sessions = served
+    client = DuplexClient(target)
+    conversation = await client.converse()
+    await conversation.say("Tell me a long story about a cat.")
+    async with asyncio.timeout(30):
+        async for event in conversation:
+            if event.HasField("audio"):
+                break
+    await client.close()  # gone, mid-reply, without a word
+    await until_no_session(sessions)
+
+    async def open_and_drop() -> grpc.StatusCode | None:
+        async with grpc.aio.insecure_channel(target) as channel:
+            call = pb_grpc.DuplexStub(channel).Converse()
+            await call.write(config_event())
+            await asyncio.sleep(0.05)
+            call.cancel()
+            return None
+
+    await asyncio.gather(*(open_and_drop() for _ in range(200)))
+    await until_no_session(sessions)
+    async with DuplexClient(target) as client:  # and the server still serves
+        conversation = await client.converse()
+        await conversation.say("Say hi.")
+        caller = Caller(conversation)
+        await caller.until(Kind.RESPONSE_DONE)
+        await caller.hang_up()
+
+
+async def test_a_node_grpc_js_client_has_the_same_conversation(served, tts_engine, tmp_path):
+    target, _ = served
+    pcm = tmp_path / "question.pcm"
+    pcm.write_bytes(speech(tts_engine, QUESTION).astype("<i2").tobytes())
+    node = await asyncio.create_subprocess_exec(
+        "node",
+        str(E2E / "converse.mjs"),
+        target,
+        str(pcm),
+        str(REPO / "proto" / "duplex.proto"),
+        cwd=E2E,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(node.communicate(), 120)
+    assert node.returncode == 0, err.decode()
+    summary = json.loads(out.decode().strip().splitlines()[-1])
+    assert summary["status"]["code"] == 0 and summary["started"]["api_version"] == 1
+    assert wer([(QUESTION, summary["transcripts"][0])]) <= 0.2
+    assert "Paris" in summary["text"] and not summary["errors"]
+    assert summary["audioBytes"] / 2 / tts_engine.sample_rate >= 1.0
+    assert summary["sequences"] == list(range(len(summary["sequences"])))
+    assert summary["metrics"][0]["voice_to_voice_ms"] > 0
+    assert summary["turns"] == ["SPEECH_STARTED", "SPEECH_STOPPED", "RESPONSE_STARTED", "RESPONSE_DONE"]
+
+
+async def test_duplex_client_end_to_end(served, tts_engine, tmp_path):
+    target, _ = served
+    question, reply = tmp_path / "question.wav", tmp_path / "reply.wav"
+    write_wav(question, speech(tts_engine, QUESTION), 16000)
+    client = await asyncio.create_subprocess_exec(
+        *duplex_command("client", str(question), "--target", target, "--out", str(reply), "--fast"),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(client.communicate(), 120)
+    assert client.returncode == 0, err.decode()
+    lines = out.decode().splitlines()
+    you = next(line for line in lines if line.startswith("you: "))
+    assert wer([(QUESTION, you.removeprefix("you: "))]) <= 0.2
+    assert any(line.startswith("assistant: ") and "Paris" in line for line in lines)
+    assert any("voice-to-voice" in line for line in lines)
+    samples, rate = read_wav(reply)
+    assert rate == tts_engine.sample_rate and samples.size / rate >= 1.0
+    # bad input gets a clear message and a non-zero exit
+    bad = await asyncio.create_subprocess_exec(
+        *duplex_command("client", str(question), "--target", "127.0.0.1:1"),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await asyncio.wait_for(bad.communicate(), 60)
+    assert bad.returncode == 1 and "UNAVAILABLE" in err.decode()
+
+
+async def test_converse_needs_the_token_when_one_is_set(engines):
+    token = "s3cret-token"
+    config = Config(grpc_port=0, auth_token=token)
+    sessions = Sessions(2, 20)
+    sessions.attach(engines)
+    listener = GrpcListener(config, sessions)
+    await listener.start()
+    target = f"127.0.0.1:{listener.port}"
+    try:
+        assert await raw_call(target, config_event()) == (
+            grpc.StatusCode.UNAUTHENTICATED,
+            "missing or wrong token",
+        )
+        async with DuplexClient(target, token=token) as client:
+            conversation = await client.converse()
+            assert conversation.started.session_id
+            await conversation.close()
+            async for _ in conversation:
+                pass
+            assert (await conversation.status())[0] == grpc.StatusCode.OK
+    finally:
+        await sessions.close_all()
+        await listener.stop(grace=1)
