@@ -170,19 +170,25 @@ class OutboundTrack(MediaStreamTrack):
         else:
             samples = self._silence
             self._next += PERIOD
-        frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
-        frame.sample_rate = RATE
-        frame.time_base = fractions.Fraction(1, RATE)
-        frame.pts = self._pts
+        frame = audio_frame(samples, self._pts)
         self._pts += FRAME
         return frame
+
+
+def audio_frame(samples: Int16Array, pts: int) -> av.AudioFrame:
+    """48 kHz mono int16 samples as the frame aiortc encodes; ``pts`` counts samples."""
+    frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
+    frame.sample_rate = RATE
+    frame.time_base = fractions.Fraction(1, RATE)
+    frame.pts = pts
+    return frame
 
 
 def _ice_servers(urls: list[str], username: str | None, credential: str | None) -> list[RTCIceServer]:
     return [RTCIceServer(urls=url, username=username, credential=credential) for url in urls]
 
 
-def _interleaved_int16(frame: av.AudioFrame) -> Int16Array:
+def interleaved_int16(frame: av.AudioFrame) -> Int16Array:
     """A decoded frame's samples as interleaved int16 (Opus decodes to packed s16)."""
     raw = frame.to_ndarray()
     if frame.format.is_planar:  # (channels, samples) -> interleaved
@@ -278,7 +284,7 @@ class WebRtcPeer:
                 self._on_audio(AudioFrame(np.zeros(frame.pts - expected, np.int16), frame.sample_rate))
             if frame.pts is not None:
                 expected = frame.pts + frame.samples
-            samples = downmix(_interleaved_int16(frame), len(frame.layout.channels))
+            samples = downmix(interleaved_int16(frame), len(frame.layout.channels))
             self._on_audio(AudioFrame(samples, frame.sample_rate))
 
     def _on_datachannel(self, channel: RTCDataChannel) -> None:

@@ -129,15 +129,10 @@ class GrpcSink:
     def __init__(self, outbox: Outbox, output: WireFormat) -> None:
         self.outbox = outbox
         self.output = output
-        self._frames = FrameResampler(output.sample_rate) if output.sample_rate else None
+        self._frames = FrameResampler(output.sample_rate)
         self._sequence = 0
 
-    def set_output(self, output: WireFormat) -> None:
-        self.output = output
-        self._frames = FrameResampler(output.sample_rate)
-
     def audio(self, frame: AudioFrame, response_id: str) -> None:
-        assert self._frames is not None, "the output rate is set before the session starts"
         for samples in self._frames.push(frame.samples, frame.sample_rate):
             self._chunk(samples, response_id)
 
@@ -149,7 +144,7 @@ class GrpcSink:
         self.outbox.put(pb.ServerEvent(audio=chunk))
 
     def event(self, event: Event) -> None:
-        if event.type == ev.RESPONSE_DONE and self._frames is not None:
+        if event.type == ev.RESPONSE_DONE:
             if event.data.get("status") == "completed":  # its last partial chunk, padded
                 for samples in self._frames.finish():
                     self._chunk(samples, str(event.data["response_id"]))
@@ -165,8 +160,7 @@ class GrpcSink:
 
     def flush(self) -> None:
         self.outbox.drop_audio()
-        if self._frames is not None:
-            self._frames.reset()
+        self._frames.reset()
 
 
 class DuplexService(pb_grpc.DuplexServicer):
@@ -181,8 +175,7 @@ class DuplexService(pb_grpc.DuplexServicer):
         outbox = Outbox()
         try:
             config, wire_in, output, voice = await self._configure(requests)
-            sink = GrpcSink(outbox, output)
-            session = await self._open(sink, config, voice)
+            sink, session = await self._open(outbox, config, output, voice)
         except StreamEnd as e:
             await context.abort(e.code, str(e))
             return
@@ -208,7 +201,7 @@ class DuplexService(pb_grpc.DuplexServicer):
 
     async def _configure(
         self, requests: AsyncIterator[pb.ClientEvent]
-    ) -> tuple[SessionConfig, WireFormat, WireFormat, str]:
+    ) -> tuple[SessionConfig, WireFormat, WireFormat | None, str]:
         try:
             first = await asyncio.wait_for(anext(requests), self.first_message_timeout_s)
         except StopAsyncIteration:
@@ -225,7 +218,7 @@ class DuplexService(pb_grpc.DuplexServicer):
             output = (
                 WireFormat.parse(message.output_format, "output_format")
                 if message.HasField("output_format")
-                else WireFormat(pb.PCM16, 0)  # the voice's own rate, known once the session opens
+                else None  # the voice's own rate, known once the models are loaded
             )
         except FormatError as e:
             raise StreamEnd(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
@@ -244,7 +237,9 @@ class DuplexService(pb_grpc.DuplexServicer):
             raise StreamEnd(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
         return config, wire_in, output, message.voice
 
-    async def _open(self, sink: GrpcSink, config: SessionConfig, voice: str) -> Session:
+    async def _open(
+        self, outbox: Outbox, config: SessionConfig, output: WireFormat | None, voice: str
+    ) -> tuple[GrpcSink, Session]:
         try:
             engines = self.sessions.check_room()
             if voice and voice != engines.tts.name:
@@ -252,9 +247,8 @@ class DuplexService(pb_grpc.DuplexServicer):
                     grpc.StatusCode.INVALID_ARGUMENT,
                     f"unknown voice {voice!r} (this server has {engines.tts.name!r})",
                 )
-            if not sink.output.sample_rate:
-                sink.set_output(WireFormat(pb.PCM16, engines.tts.sample_rate))
-            return await self.sessions.open(sink, config)
+            sink = GrpcSink(outbox, output or WireFormat(pb.PCM16, engines.tts.sample_rate))
+            return sink, await self.sessions.open(sink, config)
         except SessionError as e:
             code = (
                 grpc.StatusCode.UNAVAILABLE if e.code == "not_ready" else grpc.StatusCode.RESOURCE_EXHAUSTED

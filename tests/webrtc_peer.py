@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import fractions
 import json
 import time
 from typing import Any
@@ -21,9 +20,7 @@ from aiortc import MediaStreamTrack, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
 
 from audio_io.resample import downmix, resample
-
-RATE = 48000
-FRAME = 960
+from audio_io.webrtc import FRAME, RATE, audio_frame, interleaved_int16
 
 
 class Microphone(MediaStreamTrack):
@@ -60,10 +57,7 @@ class Microphone(MediaStreamTrack):
                 self.spoken_at.append(time.monotonic())
         else:
             samples = np.zeros(FRAME, np.int16)
-        frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
-        frame.sample_rate = RATE
-        frame.time_base = fractions.Fraction(1, RATE)
-        frame.pts = self._pts
+        frame = audio_frame(samples, self._pts)
         self._pts += FRAME
         return frame
 
@@ -95,8 +89,8 @@ class Browser:
             except MediaStreamError:
                 return
             assert isinstance(frame, av.AudioFrame)
-            samples = frame.to_ndarray().reshape(-1).astype(np.int16)
-            self.received.append((time.monotonic(), downmix(samples, len(frame.layout.channels))))
+            samples = downmix(interleaved_int16(frame), len(frame.layout.channels))
+            self.received.append((time.monotonic(), samples))
 
     async def offer(self) -> str:
         await self.pc.setLocalDescription(await self.pc.createOffer())
