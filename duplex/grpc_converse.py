@@ -67,7 +67,9 @@ def server_event(event: Event) -> pb.ServerEvent | None:
     if event.type in (ev.TRANSCRIPT_DELTA, ev.TRANSCRIPT_DONE):
         final = event.type == ev.TRANSCRIPT_DONE
         text = d["transcript"] if final else d["delta"]
-        return pb.ServerEvent(transcript=pb.Transcript(item_id=d["item_id"], text=text, final=final))
+        words = [pb.Word(**w) for w in d.get("words", ())]
+        transcript = pb.Transcript(item_id=d["item_id"], text=text, final=final, words=words)
+        return pb.ServerEvent(transcript=transcript)
     if event.type == ev.TEXT_DELTA:
         text = pb.AssistantText(response_id=d["response_id"], item_id=d["item_id"], delta=d["delta"])
         return pb.ServerEvent(text=text)
@@ -224,13 +226,14 @@ class DuplexService(pb_grpc.DuplexServicer):
             raise StreamEnd(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
         turn = message.turn_taking
         options: dict[str, Any] = {
-            k: getattr(turn, k) for k in SessionConfig.RUNTIME_KEYS if turn.HasField(k)
+            f.name: getattr(turn, f.name) for f in turn.DESCRIPTOR.fields if turn.HasField(f.name)
         }
         try:
             config = SessionConfig(
                 input_rate=wire_in.sample_rate,
                 system_prompt=message.system_prompt or None,
                 playback_acks=message.playback_acks,
+                word_times=message.word_times,
                 **options,
             )
         except SessionError as e:

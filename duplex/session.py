@@ -98,6 +98,7 @@ class SessionConfig:
     # pause the reply on a loud frame before the VAD decides: off by default until it is
     # shown not to pause replies on their own echo (a CI run saw it do so once)
     quick_pause: bool = False
+    word_times: bool = False  # final transcripts carry word times (~25-65 ms more per turn)
 
     # settings a client may change while the session runs (`Session.configure`)
     RUNTIME_KEYS: ClassVar[tuple[str, ...]] = (
@@ -106,6 +107,7 @@ class SessionConfig:
         "speculative_replies",
         "barge_in_min_speech_ms",
         "echo_suppression_db",
+        "word_times",
     )
 
     def __post_init__(self) -> None:
@@ -125,7 +127,13 @@ class SessionConfig:
                 raise SessionError("bad_config", f"{key} must be a whole number from {low} to {high}")
         if not isinstance(self.echo_suppression_db, int | float) or not 0 <= self.echo_suppression_db <= 40:
             raise SessionError("bad_config", "echo_suppression_db must be a number from 0 to 40")
-        for key in ("resume_false_interruptions", "speculative_replies", "playback_acks", "quick_pause"):
+        for key in (
+            "resume_false_interruptions",
+            "speculative_replies",
+            "playback_acks",
+            "quick_pause",
+            "word_times",
+        ):
             if not isinstance(getattr(self, key), bool):
                 raise SessionError("bad_config", f"{key} must be true or false")
 
@@ -174,6 +182,7 @@ class Session:
 
     async def start(self) -> None:
         self._listener = Listener(self.engines.vad, self.engines.asr, self._vad_config)
+        self._listener.asr.word_times = self.config.word_times
         self._listen_task = asyncio.create_task(self._listen(), name=f"{self.id}-listen")
         metrics.SESSIONS.inc()
         self.machine.to(State.LISTENING)
@@ -260,6 +269,7 @@ class Session:
             vad = self._listener.vad
             vad.config = replace(vad.config, min_silence_ms=self.config.end_of_turn_ms)
             self._quick_onsets(self._playing() is not None)
+            self._listener.asr.word_times = self.config.word_times
 
     def playback(self, stream_position: int) -> None:
         """The transport played the output stream up to this many samples."""
@@ -459,7 +469,7 @@ class Session:
         held = self._response
         if held is not None and held.held:
             if text and text == held.user_text:
-                self._emit(ev.TRANSCRIPT_DONE, item_id=self._user_item, transcript=text)
+                self._transcript_done(text, event)
                 self._release(held)
                 return
             await self._drop(held)
@@ -472,11 +482,22 @@ class Session:
                 self._resume()
                 return
             await self._barge_in(pending)
-        self._emit(ev.TRANSCRIPT_DONE, item_id=self._user_item, transcript=text)
+        self._transcript_done(text, event)
         if text:
             await self._answer(text, self._times)
         elif self._response is None:
             self.machine.to(State.LISTENING)
+
+    def _transcript_done(self, text: str, event: ListenEvent) -> None:
+        if not self.config.word_times or event.result is None:
+            self._emit(ev.TRANSCRIPT_DONE, item_id=self._user_item, transcript=text)
+            return
+        ms = 1000 / RUNTIME_RATE
+        words = [
+            {"text": w.text, "start_ms": round(w.start * ms), "end_ms": round(w.end * ms)}
+            for w in event.result.committed
+        ]
+        self._emit(ev.TRANSCRIPT_DONE, item_id=self._user_item, transcript=text, words=words)
 
     def _resume(self) -> None:
         response = self._response

@@ -90,16 +90,23 @@ class Caller:
 async def test_a_spoken_question_gets_a_spoken_reply(served, tts_engine):
     target, sessions = served
     async with DuplexClient(target) as client:
-        conversation = await client.converse()
+        conversation = await client.converse(word_times=True)
         assert conversation.started.api_version == 1 and conversation.started.session_id
         assert conversation.started.output_format.sample_rate == tts_engine.sample_rate
         caller = Caller(conversation)
-        caller.say(speech(tts_engine, QUESTION))
+        question = speech(tts_engine, QUESTION)
+        caller.say(question)
         await caller.until(Kind.RESPONSE_DONE)
         status, _ = await caller.hang_up()
     assert status == grpc.StatusCode.OK
-    finals = [t.text for t in caller.of("transcript") if t.final]
-    assert len(finals) == 1 and wer([(QUESTION, finals[0])]) <= 0.2
+    (final,) = [t for t in caller.of("transcript") if t.final]
+    assert wer([(QUESTION, final.text)]) <= 0.2
+    # word times: every word, in order, inside the question's audio (sent from 0 ms) and
+    # the silence the final pass hears after it (Whisper stretches the last word into it)
+    assert " ".join(w.text for w in final.words) == final.text
+    ends = [0] + [t for w in final.words for t in (w.start_ms, w.end_ms)]
+    assert ends == sorted(ends) and ends[-1] <= len(question) / 16 + 500
+    assert final.words[-1].end_ms >= len(question) / 16 * 0.6
     assert "Paris" in "".join(t.delta for t in caller.of("text"))
     audio = caller.of("audio")
     assert [a.sequence for a in audio] == list(range(len(audio)))
