@@ -78,6 +78,9 @@ class Config:
     webrtc_connect_timeout_s: float = _opt(
         15.0, "a WebRTC peer not connected this long after its offer is closed"
     )
+    twilio_stream_url: str | None = _opt(
+        None, "the wss:// URL Twilio should stream calls to (default: from the webhook request's host)"
+    )
 
     def __post_init__(self) -> None:
         _validate(self)

@@ -25,6 +25,7 @@ ERROR = "error"
 STATE = "duplex.state"  # the session's state machine moved
 RESUMED = "duplex.response.resumed"  # a false interruption: the reply goes on where it paused
 METRICS = "duplex.turn.metrics"  # per-turn latency breakdown
+DTMF = "duplex.input.dtmf"  # the caller pressed a key (telephony)
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,11 @@ from duplex.health import Readiness
 
 DEMO_DIR = Path(__file__).resolve().parent.parent / "demo_web"
 READINESS: web.AppKey[Readiness] = web.AppKey("readiness", Readiness)
-PUBLIC_PATHS = ("/healthz", "/")  # and the demo's static files: the page is not a secret;
-PUBLIC_PREFIX = "/static/"  # it sends its own URL's ?token= with every API call
+# the demo's page and static files are not secret (the page sends its own URL's ?token=
+# with every API call); the Twilio stream checks its token itself: Twilio cannot send
+# query strings on stream URLs, so it also comes as a start message parameter
+PUBLIC_PATHS = ("/healthz", "/", "/telephony/twilio")
+PUBLIC_PREFIX = "/static/"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

@@ -33,6 +33,7 @@ from duplex.health import ComponentState, Readiness
 from duplex.http_app import build_http_app
 from duplex.metrics import LoopLag
 from duplex.sessions import Sessions
+from duplex.twilio_app import TwilioEndpoint
 from duplex.webrtc_app import WebRtcEndpoint
 from models.prepare import STAGES, ModelChoice, check_models
 
@@ -59,6 +60,7 @@ class Service:
         self.exit_code = 0
         self.sessions = Sessions(config.max_sessions, config.session_idle_timeout_s)
         self.webrtc = WebRtcEndpoint(config, self.sessions)
+        self.twilio = TwilioEndpoint(config, self.sessions)
         self.engines: Engines | None = None
         self._loop_lag = LoopLag(period=0.05, keep=False)
         self._runner: web.AppRunner | None = None
@@ -71,6 +73,7 @@ class Service:
         app = build_http_app(self.config, self.readiness)
         set_host_addresses(self.config.webrtc_hosts)
         self.webrtc.routes(app)
+        self.twilio.routes(app)
         self._runner = web.AppRunner(
             app,
             shutdown_timeout=self.config.shutdown_timeout_s / 2,

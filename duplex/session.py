@@ -239,6 +239,11 @@ class Session:
             return
         await self._answer(text, TurnTimes(final=time.monotonic()))
 
+    def dtmf(self, digit: str) -> None:
+        """The caller pressed a key on the phone: told to the client as an event."""
+        self.last_input = time.monotonic()
+        self._emit(ev.DTMF, digit=digit)
+
     async def cancel(self) -> None:
         """The client cancels the reply in progress (kept as far as it was heard)."""
         self.last_input = time.monotonic()

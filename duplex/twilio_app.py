@@ -1,0 +1,309 @@
+"""``WS /telephony/twilio``: phone calls through Twilio Media Streams, one session each;
+``POST /telephony/twilio/voice``: the TwiML that routes a call there.
+
+    provider ─ connected, start ─► (token check) ─► Session(input 8 kHz μ-law)
+             ─ media ───────────► decode ─► session.push_audio (gaps in timestamps: silence)
+             ─ dtmf ────────────► session.dtmf
+             ─ mark (echo) ─────► session.playback(position the mark stood for)
+    session ─ audio ─► 8 kHz, μ-law, 20 ms ─► media ... mark every 100 ms, and at a reply's end
+            ─ flush (barge-in) ─► clear, and every mark still out is forgotten
+
+Marks go out every 100 ms of audio and after each reply's last frame, not only at
+phrase ends: a barge-in then truncates the reply to within 100 ms of what was played,
+where a mark per phrase would lose up to a phrase. A mark's name is
+``<response id>:<ms of that reply sent before it>``. Once a ``clear`` is sent, marks
+echoed for the dropped audio (Twilio echoes them all at a clear) are ignored: they say
+nothing about what the caller heard.
+
+A malformed message is dropped and counted; a call that sends nothing but bad messages
+(``MAX_BAD_MESSAGES`` in a row), or anything before ``start`` but ``connected``, is
+closed with a WebSocket close code that says why (1002, 1007, 1008, 1009 for an
+oversized frame, 1013 when the server is full or loading).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import hmac
+import logging
+
+import numpy as np
+from aiohttp import WSCloseCode, WSMsgType, web
+from prometheus_client import Counter
+
+from audio_io import twilio
+from audio_io.frame import AudioFrame, Int16Array
+from audio_io.g711 import ulaw_decode, ulaw_encode
+from audio_io.resample import FrameResampler
+from duplex import events as ev
+from duplex.config import Config
+from duplex.events import Event, SessionError
+from duplex.session import Session, SessionConfig
+from duplex.sessions import Sessions
+
+log = logging.getLogger("duplex.twilio")
+
+PATH = "/telephony/twilio"
+MARK_EVERY = 5  # frames: a mark per 100 ms of audio
+MAX_MESSAGE_BYTES = 64 * 1024  # a 20 ms media message is ~300 bytes
+MAX_QUEUED_MEDIA = 250  # 5 s of audio waiting for the socket: more is dropped
+MAX_BAD_MESSAGES = 20  # in a row
+MAX_GAP_MS = 1000  # silence filled for a gap in media timestamps, at most
+START_TIMEOUT_S = 10.0
+
+BAD_MESSAGES = Counter(
+    "duplex_twilio_bad_messages_total", "malformed Media Streams messages dropped", ["code"]
+)
+MEDIA_DROPPED = Counter("duplex_twilio_media_dropped_total", "reply audio frames dropped for a slow socket")
+
+
+class _Outbox:
+    """Messages waiting for the socket, in order; audio beyond a bound is dropped."""
+
+    def __init__(self) -> None:
+        self._items: collections.deque[tuple[str, str]] = collections.deque()  # (kind, text)
+        self._media = 0
+        self.ready = asyncio.Event()
+
+    def put(self, kind: str, text: str) -> None:
+        """``kind``: "media", "mark" (both dropped by `drop_audio`) or "control"."""
+        if kind == "media":
+            if self._media >= MAX_QUEUED_MEDIA:
+                MEDIA_DROPPED.inc()
+                return
+            self._media += 1
+        self._items.append((kind, text))
+        self.ready.set()
+
+    def drop_audio(self) -> None:
+        self._items = collections.deque(i for i in self._items if i[0] == "control")
+        self._media = 0
+
+    async def send_to(self, ws: web.WebSocketResponse) -> None:
+        while True:
+            await self.ready.wait()
+            self.ready.clear()
+            while self._items:
+                kind, text = self._items.popleft()
+                self._media -= kind == "media"
+                await ws.send_str(text)
+
+
+class TwilioSink:
+    """The session's `Sink` for one call."""
+
+    def __init__(self, outbox: _Outbox, stream_sid: str, voice_rate: int) -> None:
+        self.outbox = outbox
+        self.stream_sid = stream_sid
+        self.voice_rate = voice_rate
+        self._frames = FrameResampler(twilio.RATE)
+        self._position = 0  # voice-rate samples the session has sent (the ledger's stream)
+        self._reply = ""  # the reply being sent
+        self._reply_start = 0  # its first sample's position
+        self._reply_sent = 0  # its samples sent, at 8 kHz
+        self._since_mark = 0  # media messages since the last mark
+        self._marks: dict[str, int] = {}  # out, not yet echoed: name -> stream position
+        self.played = 0  # stream position of the last echoed mark
+
+    def audio(self, frame: AudioFrame, response_id: str) -> None:
+        if response_id != self._reply:
+            self._reply, self._reply_start, self._reply_sent = response_id, self._position, 0
+        self._position += frame.num_samples
+        for samples in self._frames.push(frame.samples, frame.sample_rate):
+            self._media(samples)
+            if self._since_mark >= MARK_EVERY:
+                self._mark()
+
+    def _media(self, samples: Int16Array) -> None:
+        self.outbox.put("media", twilio.media(self.stream_sid, ulaw_encode(samples).tobytes()))
+        self._reply_sent += samples.size
+        self._since_mark += 1
+
+    def _mark(self) -> None:
+        """A mark at the end of the audio sent so far."""
+        sent = self._reply_sent * self.voice_rate // twilio.RATE
+        position = min(self._position, self._reply_start + sent)  # the last frame is padded
+        name = f"{self._reply}:{(position - self._reply_start) * 1000 // self.voice_rate}"
+        self._marks[name] = position
+        self._since_mark = 0
+        self.outbox.put("mark", twilio.mark(self.stream_sid, name))
+
+    def event(self, event: Event) -> None:
+        if event.type == ev.RESPONSE_DONE:
+            if event.data.get("status") == "completed":
+                for samples in self._frames.finish():
+                    self._media(samples)
+                if self._since_mark:
+                    self._mark()
+            else:
+                self._frames.reset()
+        elif event.type == ev.ERROR:
+            log.info("twilio %s: %s", self.stream_sid, event.data["error"]["message"])
+
+    def flush(self) -> None:
+        self.outbox.drop_audio()
+        self._frames.reset()
+        self._marks.clear()
+        self._since_mark = 0
+        self.outbox.put("control", twilio.clear(self.stream_sid))
+
+    def echoed(self, name: str) -> int | None:
+        """The stream position a mark's echo says was played (None: not one of ours,
+        or dropped by a clear)."""
+        position = self._marks.pop(name, None)
+        if position is None:
+            return None
+        for older in [n for n, p in self._marks.items() if p <= position]:
+            del self._marks[older]  # echoes come in order; a skipped one is moot
+        self.played = max(self.played, position)
+        return self.played
+
+
+class _CallEnd(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class TwilioEndpoint:
+    """Every Media Streams call of the process."""
+
+    def __init__(self, config: Config, sessions: Sessions) -> None:
+        self.config = config
+        self.sessions = sessions
+        self.calls: dict[str, Session] = {}  # by stream sid
+
+    def routes(self, app: web.Application) -> None:
+        app.router.add_get(PATH, self.stream)
+        app.router.add_post(PATH + "/voice", self.voice)
+
+    async def voice(self, request: web.Request) -> web.Response:
+        """The TwiML for a provider's voice webhook: connect the call to our stream.
+        (The webhook itself passes the HTTP listener's token check.)"""
+        url = self.config.twilio_stream_url
+        if not url:
+            scheme = "wss" if request.secure or request.headers.get("X-Forwarded-Proto") == "https" else "ws"
+            url = f"{scheme}://{request.host}{PATH}"
+        # Twilio drops query strings from stream URLs: the token travels as a parameter
+        params = {"token": self.config.auth_token} if self.config.auth_token else {}
+        return web.Response(text=twilio.twiml(url, params), content_type="text/xml")
+
+    async def stream(self, request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_BYTES, heartbeat=None)
+        await ws.prepare(request)
+        try:
+            await self._call(ws, request.query.get("token", ""))
+        except _CallEnd as e:
+            log.info("twilio: call refused: %s", e)
+            await ws.close(code=e.code, message=str(e).encode()[:120])
+        return ws
+
+    def _authorized(self, query_token: str, start: twilio.Start) -> bool:
+        token = self.config.auth_token
+        if not token:
+            return True
+        given = query_token or start.custom_parameters.get("token", "")
+        return hmac.compare_digest(given.encode(), token.encode())
+
+    async def _start(self, ws: web.WebSocketResponse) -> twilio.Start:
+        """Read up to the ``start`` message."""
+        async with asyncio.timeout(START_TIMEOUT_S):
+            async for msg in ws:
+                if msg.type != WSMsgType.TEXT:
+                    raise _CallEnd(WSCloseCode.UNSUPPORTED_DATA, "Media Streams messages are JSON text")
+                try:
+                    message = twilio.parse(msg.data)
+                except twilio.ProtocolError as e:
+                    raise _CallEnd(WSCloseCode.INVALID_TEXT, f"{e.code}: {e}") from None
+                if isinstance(message, twilio.Start):
+                    return message
+                if not isinstance(message, twilio.Connected):
+                    raise _CallEnd(
+                        WSCloseCode.PROTOCOL_ERROR, f"expected 'start', got {type(message).__name__.lower()}"
+                    )
+        raise _CallEnd(WSCloseCode.GOING_AWAY, "the stream ended before 'start'")
+
+    async def _call(self, ws: web.WebSocketResponse, query_token: str) -> None:
+        try:
+            start = await self._start(ws)
+        except TimeoutError:
+            raise _CallEnd(WSCloseCode.POLICY_VIOLATION, f"no 'start' within {START_TIMEOUT_S:g} s") from None
+        if not self._authorized(query_token, start):
+            raise _CallEnd(WSCloseCode.POLICY_VIOLATION, "missing or wrong token")
+        if start.stream_sid in self.calls:
+            raise _CallEnd(WSCloseCode.POLICY_VIOLATION, "this streamSid already has a call")
+        outbox = _Outbox()
+        try:
+            engines = self.sessions.check_room()
+            sink = TwilioSink(outbox, start.stream_sid, engines.tts.sample_rate)
+            session = await self.sessions.open(
+                sink, SessionConfig(input_rate=twilio.RATE, playback_acks=True)
+            )
+        except SessionError as e:
+            raise _CallEnd(WSCloseCode.TRY_AGAIN_LATER, f"{e.code}: {e}") from None
+        self.calls[start.stream_sid] = session
+        log.info("twilio call %s (stream %s): session %s", start.call_sid, start.stream_sid, session.id)
+        writer = asyncio.create_task(outbox.send_to(ws), name=f"{session.id}-twilio-send")
+        closer = asyncio.create_task(self._close_with(session, ws), name=f"{session.id}-twilio-close")
+        try:
+            await self._media(ws, session, sink)
+        finally:
+            self.calls.pop(start.stream_sid, None)
+            for task in (writer, closer):
+                task.cancel()
+            await asyncio.gather(writer, closer, return_exceptions=True)
+            await self.sessions.close(session)
+            await ws.close()
+            log.info("twilio call %s: ended", start.call_sid)
+
+    async def _close_with(self, session: Session, ws: web.WebSocketResponse) -> None:
+        """The session ended first (idle timeout, shutdown): hang up."""
+        await session.closed.wait()
+        await ws.close(code=WSCloseCode.GOING_AWAY, message=b"session ended")
+
+    async def _media(self, ws: web.WebSocketResponse, session: Session, sink: TwilioSink) -> None:
+        bad = 0
+        next_ms: int | None = None  # the timestamp the next media should carry
+        async for msg in ws:
+            if msg.type != WSMsgType.TEXT:
+                if msg.type == WSMsgType.ERROR:
+                    break
+                BAD_MESSAGES.labels("not_text").inc()
+                bad += 1
+            else:
+                try:
+                    message = twilio.parse(msg.data)
+                except twilio.ProtocolError as e:
+                    BAD_MESSAGES.labels(e.code).inc()
+                    log.debug("twilio %s: dropped a message: %s", session.id, e)
+                    bad += 1
+                else:
+                    bad = 0
+                    if isinstance(message, twilio.Media):
+                        if message.track == "inbound" and message.payload:
+                            next_ms = self._push(session, message, next_ms)
+                    elif isinstance(message, twilio.Mark):
+                        position = sink.echoed(message.name)
+                        if position is not None:
+                            session.playback(position)
+                    elif isinstance(message, twilio.Dtmf):
+                        session.dtmf(message.digit)
+                    elif isinstance(message, twilio.Stop):
+                        return
+            if bad >= MAX_BAD_MESSAGES:
+                await ws.close(code=WSCloseCode.INVALID_TEXT, message=b"too many malformed messages")
+                return
+
+    @staticmethod
+    def _push(session: Session, media: twilio.Media, next_ms: int | None) -> int | None:
+        """Decode and hand over one media message; a gap in the timestamps (audio the
+        provider never got) becomes silence, so the session's clock stays the call's."""
+        if media.timestamp_ms is not None and next_ms is not None:
+            gap = min(media.timestamp_ms - next_ms, MAX_GAP_MS)
+            if gap >= 20:
+                session.push_audio(AudioFrame(np.zeros(gap * twilio.RATE // 1000, np.int16), twilio.RATE))
+        session.push_audio(AudioFrame(ulaw_decode(media.payload), twilio.RATE))
+        if media.timestamp_ms is None:
+            return None
+        return media.timestamp_ms + len(media.payload) * 1000 // twilio.RATE
