@@ -372,7 +372,7 @@ async def test_the_webhook_gives_twiml_and_the_stream_wants_the_token(engines, t
         # the token as Twilio sends it (a <Parameter> of the TwiML), and keys pressed
         scenario = Scenario("keys", [Wait(0.3), Dtmf("42#"), Wait(0.5)])
         config_ = call_config(custom_parameters={"token": "s3cret-token"}, quiet_period_s=0.5)
-        report = await sd.run_scenario(f"ws://{base}/telephony/twilio", scenario, config=config_)
+        await sd.run_scenario(f"ws://{base}/telephony/twilio", scenario, config=config_)
         assert [e.data["digit"] for e in recorder.of(ev.DTMF)] == ["4", "2", "#"]
     finally:
         await sessions.close_all()
