@@ -24,7 +24,7 @@ PROTO_STUBS := $(PROTO_GEN)/duplex_pb2_grpc.py
 # end-to-end tests (driven by playwright-core from npm, in tests/e2e); the other
 # end-to-end tests' real clients are added here as the issues that use them land.
 DEB_SERVE :=
-DEB_TEST := sox espeak-ng chromium
+DEB_TEST := sox espeak-ng chromium baresip-core
 
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 

@@ -78,6 +78,15 @@ class Config:
     webrtc_connect_timeout_s: float = _opt(
         15.0, "a WebRTC peer not connected this long after its offer is closed"
     )
+    sip_port: int | None = _opt(None, "UDP port of the SIP/RTP listener (off unless set)")
+    sip_username: str | None = _opt(None, "SIP digest username callers must give (with sip_password)")
+    sip_password: str | None = _opt(None, "SIP digest password", secret=True)
+    sip_allow: str | None = _opt(
+        None, "addresses that may call over SIP, comma-separated IPs or CIDRs (default: any)"
+    )
+    sip_public_address: str | None = _opt(
+        None, "the IPv4 address to put in SDP (default: the listener's, or the route's to the caller)"
+    )
     twilio_stream_url: str | None = _opt(
         None, "the wss:// URL Twilio should stream calls to (default: from the webhook request's host)"
     )
@@ -161,9 +170,9 @@ def _validate(config: Config) -> None:
         value = getattr(config, name)
         if choices and value not in choices:
             raise ConfigError(name, f"{value!r} is not one of {', '.join(choices)}")
-    for name in ("port", "grpc_port"):
+    for name in ("port", "grpc_port", "sip_port"):
         port = getattr(config, name)
-        if not 0 <= port <= 65535:
+        if port is not None and not 0 <= port <= 65535:
             raise ConfigError(name, f"port {port} is outside 0-65535")
     if config.host != "localhost":
         try:
@@ -186,6 +195,14 @@ def _validate(config: Config) -> None:
         raise ConfigError("max_sessions", "must be within 1-10000")
     if not 1 <= config.session_idle_timeout_s <= 86_400:  # also refuses nan
         raise ConfigError("session_idle_timeout_s", "must be within 1-86400 s")
+    if bool(config.sip_username) != bool(config.sip_password):
+        raise ConfigError("sip_username", "sip_username and sip_password go together")
+    try:
+        ipaddress.ip_address(config.sip_public_address or "127.0.0.1")
+        for network in _split(config.sip_allow):
+            ipaddress.ip_network(network, strict=False)
+    except ValueError as e:
+        raise ConfigError("sip_allow", f"not an address or network: {e}") from None
     if config.max_message_bytes < 1024:
         raise ConfigError("max_message_bytes", "must be at least 1024")
     if not 0 < config.shutdown_timeout_s <= 4.5:  # also refuses nan

@@ -33,6 +33,7 @@ from duplex.health import ComponentState, Readiness
 from duplex.http_app import build_http_app
 from duplex.metrics import LoopLag
 from duplex.sessions import Sessions
+from duplex.sip_app import SipListener
 from duplex.twilio_app import TwilioEndpoint
 from duplex.webrtc_app import WebRtcEndpoint
 from models.prepare import STAGES, ModelChoice, check_models
@@ -65,6 +66,7 @@ class Service:
         self._loop_lag = LoopLag(period=0.05, keep=False)
         self._runner: web.AppRunner | None = None
         self._grpc: GrpcListener | None = None
+        self._sip: SipListener | None = None
         self._prepare_task: asyncio.Task[None] | None = None
         self._child: asyncio.subprocess.Process | None = None
 
@@ -84,6 +86,9 @@ class Service:
         await site.start()
         self._grpc = GrpcListener(self.config, self.sessions)
         await self._grpc.start()
+        if self.config.sip_port is not None:
+            self._sip = SipListener(self.config, self.sessions)
+            await self._sip.start()
         grpc_listener = self._grpc
 
         def on_ready_change(ready: bool) -> None:
@@ -164,6 +169,9 @@ class Service:
                 await self._prepare_task
         await self._end_child(timeout / 4)
         await self.webrtc.close_all()
+        if self._sip is not None:
+            sip_listener, self._sip = self._sip, None
+            await sip_listener.stop()  # BYE to every caller
         await self.sessions.close_all()
         if self.engines is not None:
             engines, self.engines = self.engines, None

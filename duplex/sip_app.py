@@ -1,0 +1,469 @@
+"""The SIP/RTP listener (``--sip-port``): phone calls from a SIP phone, PBX or trunk,
+one session each.
+
+    INVITE (SDP offer) ─► allow-list, digest auth ─► 100 ─► codec (PCMU/PCMA, DTMF)
+        ─► RTP socket + Session ─► 200 (SDP answer), resent until the ACK
+    RTP in ─► known source and payload type ─► JitterBuffer ─► G.711 ─► session
+    session audio ─► 8 kHz G.711 ─► RtpSender (a packet every 20 ms: reply or silence)
+    BYE either way, CANCEL before the answer, the session's own end (idle timeout,
+    shutdown) ─► the call and the session end together
+
+Responses follow RFC 3261 for a UAS over UDP: Vias copied (with ``received`` and
+``rport``), a To tag per dialog, retransmitted requests answered with the same
+response. What is refused, and how: a source not on the allow-list 403, missing or
+wrong credentials 401 (with a challenge), a malformed request 400, a body that is not
+SDP 415, no common codec 488, no room 486 (503 while the models load), unknown methods
+501, requests outside a dialog 481. A datagram that cannot be answered is counted and
+dropped. RTP from anywhere but the address the caller's SDP gave, or with a payload
+type not negotiated, is counted and dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import re
+import socket
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from prometheus_client import Counter
+
+from audio_io import sip
+from audio_io.frame import AudioFrame, Int16Array
+from audio_io.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
+from audio_io.resample import FrameResampler
+from audio_io.rtp import PCMU, Concealer, DtmfReceiver, JitterBuffer, RtpError, RtpPacket
+from duplex import events as ev
+from duplex.config import Config
+from duplex.events import Event, SessionError
+from duplex.session import Session, SessionConfig
+from duplex.sessions import Sessions
+
+log = logging.getLogger("duplex.sip")
+
+RATE = 8000
+FRAME = 160  # 20 ms
+T1, T2, ACK_TIMEOUT_S = 0.5, 4.0, 32.0  # RFC 3261 timers: 200 OK resent until the ACK
+ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS"
+
+BAD_SIP = Counter("duplex_sip_bad_messages_total", "SIP datagrams refused or dropped", ["reason"])
+RTP_DROPPED = Counter("duplex_sip_rtp_dropped_total", "RTP packets dropped", ["reason"])
+
+
+def parse_networks(spec: str | None) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    return [ipaddress.ip_network(n.strip(), strict=False) for n in (spec or "").split(",") if n.strip()]
+
+
+def _route_address(peer: str) -> str:
+    """Our address on the route to ``peer`` (for SDP when listening on every interface)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((peer, 9))
+        return str(s.getsockname()[0])
+
+
+class _Datagrams(asyncio.DatagramProtocol):
+    def __init__(self, receive: Callable[[bytes, tuple[str, int]], None]) -> None:
+        self.receive = receive
+        self.transport: asyncio.DatagramTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        self.receive(data, addr)
+
+    def error_received(self, exc: Exception) -> None:
+        log.debug("sip: socket error %s", exc)  # e.g. ICMP port unreachable from a gone peer
+
+
+class RtpSink:
+    """The session's `Sink` for one call: reply audio to 20 ms G.711 payloads."""
+
+    def __init__(self, codec: int) -> None:
+        self.encode = ulaw_encode if codec == PCMU else alaw_encode
+        self.queue: list[bytes] = []
+        self._frames = FrameResampler(RATE)
+
+    def audio(self, frame: AudioFrame, response_id: str) -> None:
+        for samples in self._frames.push(frame.samples, frame.sample_rate):
+            self.queue.append(self.encode(samples).tobytes())
+
+    def event(self, event: Event) -> None:
+        if event.type == ev.RESPONSE_DONE:
+            if event.data.get("status") == "completed":
+                self.queue += [self.encode(s).tobytes() for s in self._frames.finish()]
+            else:
+                self._frames.reset()
+
+    def flush(self) -> None:
+        self.queue.clear()
+        self._frames.reset()
+
+
+@dataclass(eq=False)
+class SipCall:
+    call_id: str
+    invite: sip.SipMessage
+    signaling: tuple[str, int]  # where the caller's SIP comes from (responses and our BYE go there)
+    to_tag: str
+    offer: sip.Offer
+    codec: int
+    local_address: str
+    rtp: _Datagrams | None = None
+    session: Session | None = None
+    sink: RtpSink | None = None
+    final: bytes = b""  # the final response to the INVITE, for retransmissions
+    acked: asyncio.Event = field(default_factory=asyncio.Event)
+    ended: bool = False
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    jitter: JitterBuffer = field(default_factory=JitterBuffer)
+    concealer: Concealer = field(default_factory=Concealer)
+    dtmf: DtmfReceiver = field(default_factory=DtmfReceiver)
+    cseq: int = 1  # our requests in this dialog
+
+    @property
+    def rtp_port(self) -> int:
+        assert self.rtp is not None and self.rtp.transport is not None
+        return int(self.rtp.transport.get_extra_info("sockname")[1])
+
+    def decode(self, payload: bytes) -> Int16Array:
+        return ulaw_decode(payload) if self.codec == PCMU else alaw_decode(payload)
+
+
+class SipListener:
+    """A SIP user agent server on UDP; every call a session."""
+
+    def __init__(self, config: Config, sessions: Sessions) -> None:
+        self.config = config
+        self.sessions = sessions
+        self.allow = parse_networks(config.sip_allow)
+        self.auth = (
+            sip.DigestAuth(config.sip_username, config.sip_password)
+            if config.sip_username and config.sip_password
+            else None
+        )
+        self.calls: dict[str, SipCall] = {}  # by Call-ID
+        self._pending: dict[str, asyncio.Task[None]] = {}  # INVITEs being answered, by Call-ID
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._endpoint: _Datagrams | None = None
+
+    @property
+    def port(self) -> int:
+        assert self._endpoint is not None and self._endpoint.transport is not None
+        return int(self._endpoint.transport.get_extra_info("sockname")[1])
+
+    async def start(self) -> None:
+        endpoint = self._endpoint = _Datagrams(self._datagram)
+        await asyncio.get_running_loop().create_datagram_endpoint(
+            lambda: endpoint, local_addr=(self.config.host, self.config.sip_port or 0)
+        )
+        log.info("sip: listening on udp %s:%d", self.config.host, self.port)
+
+    async def stop(self) -> None:
+        for task in list(self._pending.values()):
+            task.cancel()
+        await asyncio.gather(*self._pending.values(), return_exceptions=True)
+        await asyncio.gather(*(self._end(c, bye=True) for c in list(self.calls.values())))
+        if self._endpoint is not None and self._endpoint.transport is not None:
+            self._endpoint.transport.close()
+
+    # -- signaling --
+
+    def _send(self, message: sip.SipMessage, addr: tuple[str, int]) -> bytes:
+        data = message.to_bytes()
+        if self._endpoint is not None and self._endpoint.transport is not None:
+            self._endpoint.transport.sendto(data, addr)
+        return data
+
+    def _reply(self, request: sip.SipMessage, addr: tuple[str, int], status: int, to_tag: str = "",
+               extra: list[tuple[str, str]] | None = None, body: bytes = b"") -> bytes:  # fmt: skip
+        return self._send(sip.response(request, status, to_tag, extra, body, source=addr), addr)
+
+    def _allowed(self, host: str) -> bool:
+        if not self.allow:
+            return True
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            return False
+        return any(address in network for network in self.allow)
+
+    def _datagram(self, data: bytes, addr: tuple[str, int]) -> None:
+        if data.strip() == b"":
+            return  # a keep-alive (CRLF ping)
+        try:
+            message = sip.parse(data)
+        except sip.SipError as e:
+            BAD_SIP.labels("malformed").inc()
+            partial = e.partial
+            if partial is not None and partial.is_request and partial.get("via") and partial.method != "ACK":
+                self._reply(partial, addr, 400, extra=[("warning", f'399 duplex "{str(e)[:80]}"')])
+            log.debug("sip: dropped a malformed datagram from %s: %s", addr, e)
+            return
+        if not message.is_request:
+            return  # responses to our BYEs: nothing to do
+        if not self._allowed(addr[0]):
+            BAD_SIP.labels("forbidden").inc()
+            if message.method != "ACK":
+                self._reply(message, addr, 403)
+            return
+        handler = {
+            "INVITE": self._invite,
+            "ACK": self._ack,
+            "BYE": self._bye,
+            "CANCEL": self._cancel,
+            "OPTIONS": self._options,
+        }.get(message.method)
+        if handler is None:
+            BAD_SIP.labels("not_implemented").inc()
+            self._reply(message, addr, 501, extra=[("allow", ALLOW)])
+            return
+        handler(message, addr)
+
+    def _options(self, request: sip.SipMessage, addr: tuple[str, int]) -> None:
+        self._reply(request, addr, 200, sip.new_tag(), [("allow", ALLOW), ("accept", "application/sdp")])
+
+    def _invite(self, request: sip.SipMessage, addr: tuple[str, int]) -> None:
+        call = self.calls.get(request.call_id)
+        if call is not None:
+            if request.cseq[0] == call.invite.cseq[0]:  # a retransmission: the same answer
+                if call.final:
+                    self._endpoint.transport.sendto(call.final, addr)  # type: ignore[union-attr]
+            else:  # a re-INVITE (refresh, hold): the same media, still here
+                self._reply(request, addr, 200, call.to_tag, self._contact(call), self._answer_sdp(call))
+            return
+        if request.call_id in self._pending:
+            return  # being answered; the 100 already went
+        if self.auth is not None and not self.auth.check(request):
+            BAD_SIP.labels("unauthorized").inc()
+            self._reply(request, addr, 401, sip.new_tag(), [("www-authenticate", self.auth.challenge())])
+            return
+        self._reply(request, addr, 100)
+        task = asyncio.create_task(self._answer(request, addr), name=f"sip-invite-{request.call_id[:16]}")
+        self._pending[request.call_id] = task
+        task.add_done_callback(lambda _: self._pending.pop(request.call_id, None))
+
+    def _contact(self, call: SipCall) -> list[tuple[str, str]]:
+        """Headers of a 200 OK with our SDP."""
+        return [
+            ("contact", f"<sip:duplex@{call.local_address}:{self.port}>"),
+            ("allow", ALLOW),
+            ("content-type", "application/sdp"),
+        ]
+
+    @staticmethod
+    def _answer_sdp(call: SipCall) -> bytes:
+        return sip.answer_sdp(
+            call.local_address, call.rtp_port, call.codec, call.offer.telephone_event, id(call) % 10**9
+        )
+
+    async def _answer(self, request: sip.SipMessage, addr: tuple[str, int]) -> None:
+        to_tag = sip.new_tag()
+        content_type = request.get("content-type", "application/sdp").split(";")[0].strip().lower()
+        if not request.body or content_type != "application/sdp":
+            self._reply(request, addr, 415 if request.body else 488, to_tag, [("accept", "application/sdp")])
+            return
+        try:
+            offer = sip.parse_offer(request.body)
+        except sip.SipError as e:
+            self._reply(request, addr, 400, to_tag, [("warning", f'399 duplex "{str(e)[:80]}"')])
+            return
+        if not offer.codecs:
+            BAD_SIP.labels("no_codec").inc()
+            self._reply(request, addr, 488, to_tag, [("warning", '304 duplex "PCMU or PCMA only"')])
+            return
+        try:
+            self.sessions.check_room()
+        except SessionError as e:
+            status = 503 if e.code == "not_ready" else 486
+            self._reply(request, addr, status, to_tag, [("retry-after", "5")] if status == 503 else [])
+            return
+        host = self.config.sip_public_address or self.config.host
+        if host in ("0.0.0.0", "::"):
+            host = _route_address(addr[0])
+        call = SipCall(request.call_id, request, addr, to_tag, offer, offer.codecs[0], host)
+        try:
+            session = await self._open(call)
+        except SessionError as e:
+            await self._close_media(call)
+            self._reply(request, addr, 503 if e.code == "not_ready" else 486, to_tag)
+            return
+        except BaseException:  # cancelled (CANCEL, shutdown) or a bug: nothing stays open
+            await self._close_media(call)
+            raise
+        self.calls[call.call_id] = call
+        call.final = self._reply(request, addr, 200, to_tag, self._contact(call), self._answer_sdp(call))
+        name = session.id
+        call.tasks += [
+            asyncio.create_task(self._resend_until_ack(call), name=f"{name}-sip-ack"),
+            asyncio.create_task(self._send_rtp(call), name=f"{name}-sip-rtp"),
+            asyncio.create_task(self._watch(call), name=f"{name}-sip-watch"),
+        ]
+        codec = "PCMU" if call.codec == PCMU else "PCMA"
+        log.info("sip call %s from %s: session %s, %s", call.call_id, addr[0], name, codec)
+
+    async def _open(self, call: SipCall) -> Session:
+        """The call's RTP socket (on the listener's address, any port) and session."""
+        rtp = call.rtp = _Datagrams(lambda data, addr: self._rtp(call, data, addr))
+        await asyncio.get_running_loop().create_datagram_endpoint(
+            lambda: rtp, local_addr=(self.config.host, 0)
+        )
+        call.sink = RtpSink(call.codec)
+        call.session = await self.sessions.open(call.sink, SessionConfig(input_rate=RATE))
+        return call.session
+
+    async def _close_media(self, call: SipCall) -> None:
+        if call.rtp is not None and call.rtp.transport is not None:
+            call.rtp.transport.close()
+
+    def _ack(self, request: sip.SipMessage, addr: tuple[str, int]) -> None:
+        call = self.calls.get(request.call_id)
+        if call is not None:
+            call.acked.set()
+
+    def _bye(self, request: sip.SipMessage, addr: tuple[str, int]) -> None:
+        call = self.calls.get(request.call_id)
+        if call is None:
+            self._reply(request, addr, 481)
+            return
+        self._reply(request, addr, 200, call.to_tag)
+        self._spawn(self._end(call, bye=False), f"sip-bye-{call.call_id[:16]}")
+
+    def _cancel(self, request: sip.SipMessage, addr: tuple[str, int]) -> None:
+        pending = self._pending.get(request.call_id)
+        call = self.calls.get(request.call_id)
+        if pending is None and (call is None or call.acked.is_set()):
+            self._reply(request, addr, 481 if call is None else 200)
+            return
+        self._reply(request, addr, 200)  # the CANCEL; the INVITE gets 487
+        if pending is not None:
+            pending.cancel()
+            invite = request  # same Call-ID, CSeq number and Via branch as the INVITE
+            self._reply(sip.SipMessage(method="INVITE", uri=invite.uri, headers=[
+                (n, v.replace("CANCEL", "INVITE") if n == "cseq" else v) for n, v in invite.headers]),
+                addr, 487, sip.new_tag())  # fmt: skip
+        elif call is not None:
+            self._send(sip.response(call.invite, 487, call.to_tag, source=addr), addr)
+            self._spawn(self._end(call, bye=False), f"sip-cancel-{call.call_id[:16]}")
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _resend_until_ack(self, call: SipCall) -> None:
+        interval, waited = T1, 0.0
+        while waited < ACK_TIMEOUT_S:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(call.acked.wait(), interval)
+                return
+            waited += interval
+            self._endpoint.transport.sendto(call.final, call.signaling)  # type: ignore[union-attr]
+            interval = min(interval * 2, T2)
+        log.info("sip call %s: no ACK in %.0f s, hanging up", call.call_id, ACK_TIMEOUT_S)
+        self._spawn(self._end(call, bye=True), f"sip-noack-{call.call_id[:16]}")
+
+    async def _watch(self, call: SipCall) -> None:
+        """The session ended on its own (idle timeout, shutdown): hang up."""
+        assert call.session is not None
+        await call.session.closed.wait()
+        self._spawn(self._end(call, bye=True), f"sip-end-{call.call_id[:16]}")
+
+    async def _end(self, call: SipCall, bye: bool) -> None:
+        if call.ended:
+            return
+        call.ended = True
+        self.calls.pop(call.call_id, None)
+        if bye:
+            self._send(self._bye_request(call), call.signaling)
+        current = asyncio.current_task()
+        for task in call.tasks:
+            if task is not current:
+                task.cancel()
+        await asyncio.gather(*(t for t in call.tasks if t is not current), return_exceptions=True)
+        if call.session is not None:
+            await self.sessions.close(call.session)
+        await self._close_media(call)
+        log.info("sip call %s: ended (%s)", call.call_id, "we hung up" if bye else "the caller hung up")
+
+    def _bye_request(self, call: SipCall) -> sip.SipMessage:
+        invite = call.invite
+        contact = re.search(r"<([^>]+)>", invite.get("contact")) or re.search(
+            r"<([^>]+)>", invite.get("from")
+        )
+        uri = contact.group(1) if contact else invite.uri
+        call.cseq += 1
+        via = f"SIP/2.0/UDP {call.local_address}:{self.port};branch={sip.new_branch()};rport"
+        headers = [
+            ("via", via),
+            ("max-forwards", "70"),
+            (
+                "from",
+                f"{invite.get('to')};tag={call.to_tag}"
+                if "tag=" not in invite.get("to")
+                else invite.get("to"),
+            ),
+            ("to", invite.get("from")),
+            ("call-id", call.call_id),
+            ("cseq", f"{call.cseq} BYE"),
+        ]
+        return sip.SipMessage(method="BYE", uri=uri, headers=headers)
+
+    # -- media --
+
+    def _rtp(self, call: SipCall, data: bytes, addr: tuple[str, int]) -> None:
+        session = call.session
+        if session is None or call.ended:
+            return
+        if addr != (call.offer.address, call.offer.port):
+            RTP_DROPPED.labels("unknown_source").inc()
+            return
+        try:
+            packet = RtpPacket.parse(data)
+        except RtpError:
+            RTP_DROPPED.labels("malformed").inc()
+            return
+        if packet.payload_type == call.codec:
+            for out in call.jitter.push(packet):
+                if out.payload:
+                    samples = call.concealer.good(call.decode(out.payload))
+                else:
+                    samples = call.concealer.conceal(out.concealed)
+                session.push_audio(AudioFrame(samples, RATE))
+        elif packet.payload_type == call.offer.telephone_event:
+            try:
+                digit = call.dtmf.push(packet)
+            except RtpError:
+                RTP_DROPPED.labels("malformed").inc()
+                return
+            if digit is not None:
+                session.dtmf(digit)
+        else:
+            RTP_DROPPED.labels("payload_type").inc()
+
+    async def _send_rtp(self, call: SipCall) -> None:
+        """A packet every 20 ms on a drift-free clock: the reply's audio, or silence."""
+        assert call.sink is not None and call.rtp is not None and call.rtp.transport is not None
+        transport, sink = call.rtp.transport, call.sink
+        silence = sink.encode(np.zeros(FRAME, np.int16)).tobytes()
+        ssrc = int.from_bytes(np.random.default_rng().bytes(4), "big")
+        sequence, timestamp = int(np.random.default_rng().integers(65536)), 0
+        start, k, first = time.monotonic(), 0, True
+        destination = (call.offer.address, call.offer.port)
+        while True:
+            payload = sink.queue.pop(0) if sink.queue else silence
+            packet = RtpPacket(call.codec, sequence, timestamp, ssrc, payload, marker=first)
+            transport.sendto(packet.build(), destination)
+            first = False
+            sequence, timestamp = (sequence + 1) % 65536, (timestamp + FRAME) % (1 << 32)
+            k += 1
+            delay = start + k * 0.020 - time.monotonic()
+            if delay < -0.1:  # stalled: start the grid again rather than burst
+                start, k, delay = time.monotonic(), 0, 0.0
+            await asyncio.sleep(max(0.0, delay))

@@ -1,0 +1,476 @@
+"""Telephony over SIP/RTP: SIP, SDP, digest and RTP bookkeeping alone, then the listener
+with the real models, called by a real SIP agent (baresip: ``aufile`` plays the
+caller's WAV, ``sndfile`` records what it hears, ALSA's ``null`` device plays it) and
+by a raw UDP client for hostile input, all on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+import re
+import socket
+import struct
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import pytest_asyncio
+
+from audio_io import sip
+from audio_io.g711 import ulaw_encode
+from audio_io.pcm import RUNTIME_RATE
+from audio_io.resample import resample
+from audio_io.rtp import Concealer, DtmfReceiver, JitterBuffer, Released, RtpError, RtpPacket
+from audio_io.wav import read_wav, write_wav
+from duplex import events as ev
+from duplex.config import Config
+from duplex.events import Event
+from duplex.sessions import Sessions
+from duplex.sip_app import RTP_DROPPED, RtpSink, SipListener
+from models.speech_set import wer
+from tests.conftest import speech
+
+QUESTION = "What is the largest ocean on Earth?"
+
+# -- SIP, SDP and digest alone --
+
+INVITE = (
+    "INVITE sip:duplex@127.0.0.1:5080 SIP/2.0\r\n"
+    "Via: SIP/2.0/UDP 127.0.0.1:5071;branch=z9hG4bK1;rport\r\n"
+    "Via: SIP/2.0/UDP 10.0.0.9:5060;branch=z9hG4bK0\r\n"
+    "f: <sip:caller@127.0.0.1>;tag=abc\r\n"
+    "To: <sip:duplex@127.0.0.1>\r\n"
+    "Call-ID: call-1\r\n"
+    "CSeq: 1 INVITE\r\n"
+    "Contact: <sip:caller@127.0.0.1:5071>\r\n"
+    "Content-Type: application/sdp\r\n"
+    "Content-Length: {length}\r\n\r\n{body}"
+)
+SDP = (
+    "v=0\r\no=- 1 1 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\n"
+    "m=audio {port} RTP/AVP {types}\r\na=rtpmap:0 PCMU/8000\r\na=rtpmap:8 PCMA/8000\r\n"
+    "a=rtpmap:101 telephone-event/8000\r\na=fmtp:101 0-16\r\n"
+)
+
+
+def invite(
+    port: int = 4000, types: str = "8 0 101", call_id: str = "call-1", cseq: int = 1, **headers: str
+) -> bytes:
+    body = SDP.format(port=port, types=types)
+    text = (
+        INVITE.format(length=len(body), body=body)
+        .replace("call-1", call_id)
+        .replace("1 INVITE", f"{cseq} INVITE")
+    )
+    extra = "".join(f"{k.replace('_', '-')}: {v}\r\n" for k, v in headers.items())
+    return text.replace("Content-Type", extra + "Content-Type", 1).encode()
+
+
+def test_sip_messages_are_read_answered_and_refused():
+    message = sip.parse(invite())
+    assert message.method == "INVITE" and message.call_id == "call-1" and message.cseq == (1, "INVITE")
+    assert message.get("from") == "<sip:caller@127.0.0.1>;tag=abc"  # compact form "f"
+    offer = sip.parse_offer(message.body)
+    assert offer == sip.Offer("127.0.0.1", 4000, (8, 0), 101)
+    ok = sip.response(message, 200, "xyz", source=("127.0.0.1", 5071))
+    text = ok.to_bytes().decode()
+    assert text.startswith("SIP/2.0 200 OK\r\n")
+    assert "Via: SIP/2.0/UDP 127.0.0.1:5071;branch=z9hG4bK1;rport=5071;received=127.0.0.1\r\n" in text
+    assert "Via: SIP/2.0/UDP 10.0.0.9:5060;branch=z9hG4bK0\r\n" in text
+    assert "To: <sip:duplex@127.0.0.1>;tag=xyz\r\n" in text and text.endswith("Content-Length: 0\r\n\r\n")
+    assert sip.parse(ok.to_bytes()).status == 200
+    answer = sip.parse_offer(sip.answer_sdp("127.0.0.1", 4002, 8, 101, 7))
+    assert answer == sip.Offer("127.0.0.1", 4002, (8,), 101)
+    for bad in [
+        b"hello",
+        b"INVITE sip:x SIP/2.0\r\nVia: x\r\n\r\n",  # no Call-ID, CSeq, ...
+        invite().replace(b"CSeq: 1 INVITE", b"CSeq: one INVITE"),
+        invite().replace(b"Content-Length: ", b"Content-Length: 9"),
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"INVITE sip:x SIP/2.0\r\n\xff\xfe: x\r\n\r\n",
+        b"X" * 20000,
+    ]:
+        with pytest.raises(sip.SipError):
+            sip.parse(bad)
+    for sdp in [b"v=0\r\n", SDP.format(port=70000, types="0").encode(), b"\xff"]:
+        with pytest.raises(sip.SipError):
+            sip.parse_offer(sdp)
+    assert sip.parse_offer(SDP.format(port=4000, types="9 101").encode()).codecs == ()
+
+
+def test_digest_authentication_checks_the_response():
+    auth = sip.DigestAuth("alice", "secret")
+    challenge = auth.challenge()
+    nonce = re.search(r'nonce="([^"]+)"', challenge).group(1)  # type: ignore[union-attr]
+
+    def md5(s: str) -> str:
+        return hashlib.md5(s.encode()).hexdigest()
+
+    def authorized(password: str, nonce: str = nonce, user: str = "alice") -> sip.SipMessage:
+        ha1, ha2 = md5(f"{user}:duplex:{password}"), md5("INVITE:sip:duplex@127.0.0.1")
+        response = md5(f"{ha1}:{nonce}:00000001:c0ffee:auth:{ha2}")
+        header = (
+            f'Digest username="{user}", realm="duplex", nonce="{nonce}", uri="sip:duplex@127.0.0.1", '
+            f'response="{response}", qop=auth, nc=00000001, cnonce="c0ffee", algorithm=MD5'
+        )
+        return sip.parse(invite(Authorization=header))
+
+    assert auth.check(authorized("secret"))
+    assert not auth.check(authorized("wrong"))
+    assert not auth.check(authorized("secret", user="mallory"))
+    assert not auth.check(authorized("secret", nonce="0" * 40))  # a nonce we never gave
+    assert not auth.check(sip.parse(invite()))
+
+
+# -- RTP alone --
+
+
+def packet(
+    seq: int, ts: int | None = None, ssrc: int = 7, pt: int = 0, payload: bytes | None = None
+) -> RtpPacket:
+    return RtpPacket(pt, seq % 65536, (ts if ts is not None else seq * 160) % (1 << 32), ssrc,
+                     payload if payload is not None else bytes([seq % 256]) * 160)  # fmt: skip
+
+
+def test_rtp_packets_round_trip_and_refuse_garbage():
+    p = packet(65535, marker_ts := 123, 99)
+    assert RtpPacket.parse(p.build()) == p and marker_ts == 123
+    # CSRCs, an extension and padding are skipped
+    raw = bytes([0xB1, 0x00]) + struct.pack("!HII", 1, 2, 3) + b"\0\0\0\1" + b"\xbe\xde\0\1" + b"\0" * 4
+    raw += b"\x55" * 160 + b"\0\0\3"
+    assert RtpPacket.parse(raw).payload == b"\x55" * 160
+    for bad in [b"", b"\x80\x00", b"\x40" + b"\0" * 20, bytes([0x90]) + b"\0" * 11]:
+        with pytest.raises(RtpError):
+            RtpPacket.parse(bad)
+
+
+def test_the_jitter_buffer_reorders_conceals_and_follows_new_streams():
+    buffer = JitterBuffer(depth=3)
+
+    def seqs(out: list[Released]) -> list[object]:
+        return [o.payload[0] if o.payload else f"lost {o.concealed}" for o in out]
+
+    assert seqs(buffer.push(packet(5))) == [5]
+    assert seqs(buffer.push(packet(6))) == [6]
+    assert seqs(buffer.push(packet(8))) == []  # 7 missing: held
+    assert seqs(buffer.push(packet(7))) == [7, 8]  # reordered, in time
+    assert seqs(buffer.push(packet(6))) == [] and buffer.late == 1  # repeated
+    assert seqs(buffer.push(packet(10))) == []
+    assert seqs(buffer.push(packet(11))) == []
+    assert seqs(buffer.push(packet(12))) == ["lost 160", 10, 11, 12]  # 9 given up
+    assert buffer.lost == 1
+    assert seqs(buffer.push(packet(9))) == []  # too late now
+    assert seqs(buffer.push(packet(13, ssrc=8))) == [13] and buffer.restarts == 1  # a new source
+    assert seqs(buffer.push(packet(65535 + 14, ssrc=8))) == []  # wraps: held behind 14
+    assert seqs(buffer.push(packet(14, ssrc=8))) == [14]
+    assert seqs(buffer.push(packet(5000, ssrc=8))) == [5000 % 256]  # a jump: a fresh start
+    concealer = Concealer()
+    concealer.good(np.full(160, 1000, np.int16))
+    filled = concealer.conceal(480)
+    assert filled[0] == 1000 and filled[100] > 0 and not filled[320:].any()  # fades out, then silence
+    dtmf = DtmfReceiver()
+    press = [packet(1, 800, pt=101, payload=bytes([5, 0, 0, d])) for d in (80, 160, 240)]
+    assert [dtmf.push(p) for p in press] == ["5", None, None]  # one press, one digit
+    assert dtmf.push(packet(9, 2400, pt=101, payload=b"\x0b\x80\x00\xf0")) == "#"
+
+
+# -- the listener, with the real models --
+
+
+class Recorder:
+    """Every event the calls' sessions sent (a spy on the real sink)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.events: list[Event] = []
+        original = RtpSink.event
+
+        def on_event(sink: RtpSink, e: Event) -> None:
+            self.events.append(e)
+            original(sink, e)
+
+        monkeypatch.setattr(RtpSink, "event", on_event)
+
+    def of(self, type_: str) -> list[Event]:
+        return [e for e in self.events if e.type == type_]
+
+
+async def start_listener(engines, **options: object) -> tuple[SipListener, Sessions]:
+    config = Config(sip_port=0, session_idle_timeout_s=3, max_sessions=4, **options)  # type: ignore[arg-type]
+    sessions = Sessions(config.max_sessions, config.session_idle_timeout_s)
+    sessions.attach(engines)
+    listener = SipListener(config, sessions)
+    await listener.start()
+    return listener, sessions
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def served(engines):
+    listener, sessions = await start_listener(engines)
+    yield listener, sessions
+    await listener.stop()
+    await sessions.close_all()
+
+
+class Baresip:
+    """baresip as the caller, in its own config directory: it dials, plays ``wav``
+    (at 8 kHz), records what it hears, and hangs up when the file ends."""
+
+    def __init__(self, directory: Path, wav: Path, account: str = "") -> None:
+        self.directory = directory
+        (directory / "rec").mkdir(parents=True)
+        port = free_udp_port()
+        (directory / "config").write_text(
+            "\n".join(
+                [
+                    "poll_method epoll",
+                    f"sip_listen 127.0.0.1:{port}",
+                    "net_interface 127.0.0.1",
+                    f"audio_source aufile,{wav}",
+                    "audio_player alsa,null",
+                    "audio_alert alsa,null",
+                    "module_path /usr/lib/baresip/modules",
+                    "module g711.so",
+                    "module aufile.so",
+                    "module alsa.so",
+                    "module sndfile.so",
+                    "module_app menu.so",
+                    "module_app account.so",
+                    f"snd_path {directory / 'rec'}",
+                    "rtp_timeout 0",
+                    "",
+                ]
+            )
+        )
+        (directory / "accounts").write_text(f"<sip:caller@127.0.0.1>;regint=0{account}\n")
+        self.process: asyncio.subprocess.Process | None = None
+        self.log = ""
+
+    async def call(self, port: int, seconds: float) -> None:
+        self.process = await asyncio.create_subprocess_exec(
+            "baresip", "-f", str(self.directory), "-e", f"/dial sip:duplex@127.0.0.1:{port}",
+            "-t", str(int(seconds)), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+        out, _ = await asyncio.wait_for(self.process.communicate(), seconds + 20)
+        self.log = out.decode(errors="replace")
+
+    def heard(self) -> np.ndarray:
+        (path,) = (self.directory / "rec").glob("*-dec.wav")
+        audio, rate = read_wav(path)
+        return resample(audio, rate, RUNTIME_RATE)
+
+
+async def eventually(condition: Callable[[], bool], within: float) -> None:
+    """Poll ``condition`` (state of the server under test, which has no event to wait on)."""
+    async with asyncio.timeout(within):
+        while not condition():  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+
+
+def free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def caller_wav(tts_engine, path: Path, text: str, silence_s: float) -> Path:
+    voice = resample(speech(tts_engine, text), RUNTIME_RATE, 8000)
+    write_wav(
+        path,
+        np.concatenate([np.zeros(4000, np.int16), voice, np.zeros(int(silence_s * 8000), np.int16)]),
+        8000,
+    )
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio(loop_scope="session")
+async def test_baresip_calls_asks_and_hears_the_reply_then_hangs_up(
+    served, tts_engine, asr_engine, tmp_path, monkeypatch
+):
+    listener, sessions = served
+    recorder = Recorder(monkeypatch)
+    phone = Baresip(tmp_path / "baresip", caller_wav(tts_engine, tmp_path / "q.wav", QUESTION, silence_s=12))
+    await phone.call(listener.port, seconds=30)
+    assert "Call established" in phone.log and "terminated" in phone.log, phone.log[-2000:]
+    (final,) = recorder.of(ev.TRANSCRIPT_DONE)
+    assert wer([(QUESTION, final.data["transcript"])]) <= 0.2
+    reply = "".join(e.data["delta"] for e in recorder.of(ev.TEXT_DELTA))
+    assert "Pacific" in reply and recorder.of(ev.RESPONSE_DONE)[0].data["status"] == "completed"
+    heard = phone.heard()  # what baresip decoded from our RTP
+    voiced = np.abs(heard.astype(np.int32)) > 500
+    assert voiced.sum() / RUNTIME_RATE >= 0.5  # not silence
+    assert wer([(reply, asr_engine.transcribe(heard))]) <= 0.3
+    await asyncio.sleep(0.3)  # the caller's BYE ended the call and its session
+    assert not listener.calls and len(sessions) == 0
+    assert not [t for t in asyncio.all_tasks() if "-sip-" in t.get_name()]
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio(loop_scope="session")
+async def test_the_server_hangs_up_and_digest_auth_lets_the_right_caller_in(
+    engines, tts_engine, tmp_path, monkeypatch
+):
+    listener, sessions = await start_listener(engines, sip_username="alice", sip_password="s3cret-pass")
+    try:
+        wav = caller_wav(tts_engine, tmp_path / "q.wav", "Hello there.", silence_s=20)
+        wrong = Baresip(tmp_path / "wrong", wav, ";auth_user=alice;auth_pass=nope")
+        await wrong.call(listener.port, seconds=4)
+        assert "Call established" not in wrong.log and "401" in wrong.log or "403" in wrong.log, wrong.log[
+            -1500:
+        ]
+        phone = Baresip(tmp_path / "right", wav, ";auth_user=alice;auth_pass=s3cret-pass")
+        calling = asyncio.create_task(phone.call(listener.port, seconds=20))
+        await eventually(lambda: bool(listener.calls), 15)
+        (call,) = listener.calls.values()
+        await asyncio.sleep(1.0)
+        assert call.session is not None
+        await sessions.close(call.session)  # the session ends (as at an idle timeout): BYE
+        await calling
+        assert "Call established" in phone.log
+        assert re.search(r"terminated \(duration: [0-9] secs?\)", phone.log), phone.log[-1500:]
+        assert not listener.calls and len(sessions) == 0
+    finally:
+        await listener.stop()
+
+
+class RawPhone:
+    """A hand-made SIP/RTP endpoint on UDP, for what no real agent sends."""
+
+    def __init__(self) -> None:
+        self.sip = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sip.bind(("127.0.0.1", 0))
+        self.sip.setblocking(False)
+        self.rtp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.rtp.bind(("127.0.0.1", 0))
+        self.rtp.setblocking(False)
+        self.rtp_port = self.rtp.getsockname()[1]
+
+    async def request(self, data: bytes, port: int, until: int = 200) -> list[sip.SipMessage]:
+        """Send, and read responses until a final one (>= ``until``)."""
+        loop = asyncio.get_running_loop()
+        await loop.sock_sendto(self.sip, data, ("127.0.0.1", port))
+        out: list[sip.SipMessage] = []
+        async with asyncio.timeout(10):
+            while not out or out[-1].status < until:
+                data = (await loop.sock_recvfrom(self.sip, 65536))[0]
+                try:
+                    out.append(sip.parse(data))
+                except sip.SipError as e:  # an answer to a request that lacked headers lacks them too
+                    assert e.partial is not None
+                    out.append(e.partial)
+        return out
+
+    async def silent(self, data: bytes, port: int, wait: float = 0.5) -> bool:
+        """Send; True when nothing comes back."""
+        loop = asyncio.get_running_loop()
+        await loop.sock_sendto(self.sip, data, ("127.0.0.1", port))
+        try:
+            async with asyncio.timeout(wait):
+                await loop.sock_recvfrom(self.sip, 65536)
+        except TimeoutError:
+            return True
+        return False
+
+    def invite(self, call_id: str, types: str = "0 101") -> bytes:
+        sip_port = self.sip.getsockname()[1]
+        return invite(self.rtp_port, types, call_id).replace(
+            b"127.0.0.1:5071", f"127.0.0.1:{sip_port}".encode()
+        )
+
+    def close(self) -> None:
+        self.sip.close()
+        self.rtp.close()
+
+
+def dropped(reason: str) -> float:
+    return RTP_DROPPED.labels(reason)._value.get()
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio(loop_scope="session")
+async def test_hostile_sip_and_rtp_get_the_right_answer_and_disturb_no_call(served, tts_engine, monkeypatch):
+    listener, sessions = served
+    recorder = Recorder(monkeypatch)
+    port = listener.port
+    phone = RawPhone()
+    try:
+        assert await phone.silent(b"\x00\x01garbage", port)  # not SIP: dropped
+        (bad,) = await phone.request(
+            b"INVITE sip:x SIP/2.0\r\nVia: SIP/2.0/UDP 127.0.0.1:9;branch=z9hG4bKx\r\n\r\n", port
+        )
+        assert bad.status == 400  # a request missing its dialog headers, answered where it came from
+        (options,) = await phone.request(invite().replace(b"INVITE", b"OPTIONS"), port)
+        assert options.status == 200 and "INVITE" in options.get("allow")
+        (unknown,) = await phone.request(invite().replace(b"INVITE", b"SUBSCRIBE"), port)
+        assert unknown.status == 501
+        (bye,) = await phone.request(invite(call_id="nobody").replace(b"INVITE", b"BYE"), port)
+        assert bye.status == 481
+        no_codec = await phone.request(phone.invite("c-488", types="9 101"), port)
+        assert [m.status for m in no_codec] == [100, 488]
+        not_sdp = await phone.request(phone.invite("c-415").replace(b"application/sdp", b"text/plain"), port)
+        assert not_sdp[-1].status == 415
+        assert len(sessions) == 0
+        # a real call: 30% of its RTP lost and the rest reordered; RTP from a stranger and
+        # with a wrong payload type is dropped; the question is still heard
+        answered = await phone.request(phone.invite("c-lossy"), port)
+        assert [m.status for m in answered] == [100, 200]
+        answer = sip.parse_offer(answered[-1].body)
+        assert answer.codecs == (0,) and answer.telephone_event == 101
+        ack = phone.invite("c-lossy").replace(b"INVITE sip", b"ACK sip").replace(b"1 INVITE", b"1 ACK")
+        assert await phone.silent(ack, port, wait=0.1)
+        stranger = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        stranger.bind(("127.0.0.1", 0))
+        before = (dropped("unknown_source"), dropped("payload_type"))
+        voice = resample(speech(tts_engine, QUESTION), RUNTIME_RATE, 8000)
+        codes = ulaw_encode(
+            np.concatenate([np.zeros(800, np.int16), voice, np.zeros(16000, np.int16)])
+        ).tobytes()
+        packets = [
+            RtpPacket(0, i, i * 160, 1234, codes[i * 160 : (i + 1) * 160]) for i in range(len(codes) // 160)
+        ]
+        rng = random.Random(7)
+        kept = [p for p in packets if rng.random() >= 0.3]
+        for i in range(0, len(kept) - 1, 4):  # swap neighbours: reordering within the buffer's depth
+            kept[i], kept[i + 1] = kept[i + 1], kept[i]
+        loop = asyncio.get_running_loop()
+        target = ("127.0.0.1", answer.port)
+        for k, p in enumerate(kept):
+            await loop.sock_sendto(phone.rtp, p.build(), target)
+            if k % 10 == 0:
+                stranger.sendto(p.build(), target)
+                await loop.sock_sendto(
+                    phone.rtp, RtpPacket(18, p.sequence, p.timestamp, 1234, b"\0" * 20).build(), target
+                )
+            await asyncio.sleep(0.02 / 0.7)  # the survivors spread over the call's real time
+        await eventually(lambda: bool(recorder.of(ev.TRANSCRIPT_DONE)), 20)
+        stranger.close()
+        (final,) = recorder.of(ev.TRANSCRIPT_DONE)
+        assert wer([(QUESTION, final.data["transcript"])]) <= 0.5, final.data["transcript"]
+        assert dropped("unknown_source") > before[0] and dropped("payload_type") > before[1]
+        (call,) = listener.calls.values()
+        assert call.jitter.lost >= len(packets) * 0.2
+        # the caller goes quiet without a BYE: the session times out and we send one
+        async with asyncio.timeout(15):
+            while True:
+                message = sip.parse((await loop.sock_recvfrom(phone.sip, 65536))[0])
+                if message.method == "BYE":
+                    break
+        assert message.call_id == "c-lossy" and "tag=abc" in message.get("to")
+        await asyncio.sleep(0.2)
+        assert not listener.calls and len(sessions) == 0
+    finally:
+        phone.close()
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_the_allow_list_refuses_other_addresses(engines):
+    listener, sessions = await start_listener(engines, sip_allow="10.0.0.0/8, 192.168.1.7")
+    phone = RawPhone()
+    try:
+        (refused,) = await phone.request(phone.invite("c-403"), listener.port)
+        assert refused.status == 403 and len(sessions) == 0
+    finally:
+        phone.close()
+        await listener.stop()
