@@ -13,6 +13,14 @@ if either band is: a word that opens with a fricative ("Stop", "Sorry", "Flip") 
 ~100 ms of hiss at -25 to -35 dBFS before its vowel, well under the reply's loudest
 vowels (so broadband it passes for echo) but far over the reply's own high band.
 
+A line can echo louder than ``suppression_db`` allows (a phone line at -10 dB). So the
+gate measures each line: for the first `TRAIN_S` of inbound audio after a reply begins
+(when the caller is listening), inbound audio is taken for echo and its level against
+the reply's is measured; from then on the reply is gated with the suppression that
+echo needs (`ADAPT_MARGIN_DB` under it), never more than ``suppression_db`` nor less
+than `MIN_SUPPRESSION_DB`. A caller who starts talking in that first moment is heard
+once it has passed (the session re-checks speech over the reply as it goes on).
+
 Pure bookkeeping: levels of 20 ms frames with their send times, no audio kept.
 """
 
@@ -27,6 +35,9 @@ import numpy.typing as npt
 SPLIT_HZ = 3000  # vowels below, fricatives ("s", "f", "sh", "t") above
 TOP_HZ = 8000  # inbound audio runs at 16 kHz: the high band ends here on both sides
 FLOOR_DB = -45.0  # a band quieter than this is never taken for the caller
+TRAIN_S = 0.4  # after a reply starts, inbound audio this long is measured as its echo
+ADAPT_MARGIN_DB = 4.0  # the suppression is set this far under the echo measured
+MIN_SUPPRESSION_DB = 4.0  # ... and never lower: the caller must still be heard over the reply
 Bands = npt.NDArray[np.float64]  # (..., 2): dBFS below and above SPLIT_HZ
 
 
@@ -52,11 +63,20 @@ def band_levels_db(frames: npt.NDArray[np.int16], rate: int) -> Bands:
 
 class EchoGate:
     def __init__(self, suppression_db: float = 12.0, window_s: float = 0.4) -> None:
-        self.suppression_db = suppression_db
+        self.suppression_db = suppression_db  # at most (the session's setting)
+        self.effective_db = suppression_db  # for the reply now playing, from its measured echo
         self.window_s = window_s
         self._sent: collections.deque[tuple[float, Bands]] = collections.deque()  # (time, bands)
+        self._training: tuple[float, float] | None = None  # inbound arriving then is measured
+        self._loudest = -math.inf  # the loudest echo measured, dB against the reply
+
+    def configure(self, suppression_db: float) -> None:
+        self.suppression_db = suppression_db
+        self.effective_db = min(self.effective_db, suppression_db)
 
     def record_sent(self, samples: npt.NDArray[np.int16], rate: int, at: float) -> None:
+        if not self._sent or at - self._sent[-1][0] > self.window_s:  # a reply begins: measure
+            self._training, self._loudest = (at, at + TRAIN_S), -math.inf
         self._sent.append((at, band_levels_db(samples, rate)))
         while self._sent and self._sent[0][0] < at - 3.0:
             self._sent.popleft()
@@ -71,11 +91,31 @@ class EchoGate:
         """Audio was sent recently enough to be echoing in inbound audio arrived at ``at``."""
         return bool(self._sent) and self._sent[-1][0] >= at - self.window_s
 
+    def train(self, inbound: Bands, at: float) -> None:
+        """Inbound frames (band levels) arrived at ``at``: measured as the reply's echo in
+        its first `TRAIN_S`; the first frame after that sets the reply's suppression."""
+        if self._training is None or at < self._training[0]:
+            return
+        if at <= self._training[1]:
+            reference = self.reference_db(at, at)
+            if np.any(reference > FLOOR_DB):
+                excess = np.where(reference > FLOOR_DB, inbound - reference, -np.inf)
+                self._loudest = max(self._loudest, float(np.max(excess)))
+            return
+        self._training = None
+        wanted = -self._loudest - ADAPT_MARGIN_DB if math.isfinite(self._loudest) else self.suppression_db
+        self.effective_db = max(MIN_SUPPRESSION_DB, min(self.suppression_db, wanted))
+
     def callers(self, inbound: Bands, start: float, end: float) -> npt.NDArray[np.bool_]:
         """Which inbound frames (band levels, arrived from ``start`` to ``end``) are louder,
-        in either band, than echo could be: the caller's voice."""
-        threshold = np.maximum(self.reference_db(start, end) - self.suppression_db, FLOOR_DB)
-        return np.any(inbound >= threshold, axis=-1)
+        in either band, than echo could be: the caller's voice. Frames that arrived while
+        the reply's echo was being measured are taken for echo."""
+        threshold = np.maximum(self.reference_db(start, end) - self.effective_db, FLOOR_DB)
+        callers = np.any(inbound >= threshold, axis=-1)
+        if self._training is not None and callers.size:
+            arrived = start + (end - start) * (np.arange(callers.size) + 1) / callers.size
+            callers &= arrived > self._training[1]
+        return callers
 
     def is_echo(self, inbound: Bands, start: float, end: float) -> bool:
         """Inbound audio with these band levels, arrived from ``start`` to ``end``, may be echo."""

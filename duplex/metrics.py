@@ -31,6 +31,9 @@ BARGE_IN_STOP = Histogram(
     buckets=_LATENCY,
 )
 BARGE_INS = Counter("duplex_barge_ins_total", "replies cut by the caller")
+ECHOES_HEARD = Counter(
+    "duplex_echoes_heard_total", "replies paused by their own echo (its words were the reply's), then resumed"
+)
 RESUMES = Counter("duplex_false_interruptions_total", "replies paused by speech without words, then resumed")
 FALSE_ALARMS = Counter(
     "duplex_quick_pause_false_alarms_total", "replies paused on a loud sound the VAD did not take for speech"

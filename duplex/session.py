@@ -54,7 +54,7 @@ from duplex.echo import EchoGate, band_levels_db, level_db
 from duplex.engines import Engines
 from duplex.events import Event, SessionError
 from duplex.state import State, StateMachine
-from duplex.turn import Interruption, Response, TurnTimes, is_backchannel
+from duplex.turn import Interruption, Response, TurnTimes, is_backchannel, is_echo_of
 from models.conversation import Conversation, check_user_text
 from models.listen import Listener, ListenEvent, ListenEventKind
 from models.llm import LlmError
@@ -66,6 +66,7 @@ log = logging.getLogger("duplex.session")
 ECHO_CHECK_SAMPLES = RUNTIME_RATE // 2  # speech over the reply is judged on its last 0.5 s
 LEVEL_WINDOW = RUNTIME_RATE // 50  # levels are compared over 20 ms
 ECHO_PREROLL = RUNTIME_RATE // 10  # ASR starts this far before the caller's voice rose over the echo
+ECHO_TEXT_S = 4.0  # words heard over the reply are compared with its last 4 s (`is_echo_of`)
 QUICK_PAUSE_FLOOR_DB = -50.0  # a quieter frame never pauses the reply before the VAD decides
 QUICK_PAUSE_OVER_ROOM_DB = 15.0  # ... nor one less this much above the quietest of the last 2 s
 QUICK_PAUSE_CONFIRM_S = 0.25  # the VAD must confirm the caller's voice this soon, or the reply goes on
@@ -268,7 +269,7 @@ class Session:
                 "bad_config", f"cannot change {unknown} (can: {list(SessionConfig.RUNTIME_KEYS)})"
             )
         self.config = replace(self.config, **changes)  # type: ignore[arg-type]
-        self.echo.suppression_db = self.config.echo_suppression_db
+        self.echo.configure(self.config.echo_suppression_db)
         self._vad_config = replace(self._vad_config, min_silence_ms=self.config.end_of_turn_ms)
         if self._listener is not None:
             vad = self._listener.vad
@@ -294,6 +295,7 @@ class Session:
             self._arrivals.append((self._listener.position + samples.size, arrived))
             del self._arrivals[: max(0, len(self._arrivals) - 200)]
             self._quick_pause(samples, arrived - ECHO_CHECK_SAMPLES / RUNTIME_RATE)
+            self._train_echo(samples, arrived)
             try:
                 for event in await self._listener.push(samples):
                     await self._on_listen(event)
@@ -306,6 +308,13 @@ class Session:
             except Exception:  # a bug: this session reports it, every other one carries on
                 log.exception("session %s: listening failed", self.id)
                 self.send_error(SessionError("internal_error", "the server failed to process this audio"))
+
+    def _train_echo(self, samples: npt.NDArray[np.int16], arrived: float) -> None:
+        """Inbound audio at the start of a reply is its echo, measured (`EchoGate.train`)."""
+        n = samples.size // LEVEL_WINDOW
+        if n:
+            windows = samples[: n * LEVEL_WINDOW].reshape(n, LEVEL_WINDOW)
+            self.echo.train(band_levels_db(windows, RUNTIME_RATE), arrived)
 
     def _quick_pause(self, samples: npt.NDArray[np.int16], since: float) -> None:
         """While the reply plays, a frame louder than its echo and the room could be is
@@ -458,7 +467,24 @@ class Session:
             await self._check_echo(self._playing())
         pending = self._interruption
         if pending is not None and response is not None and not is_backchannel(pending.words):
-            await self._barge_in(pending)
+            if self._resume_if_echo(pending, response):
+                self._echo_utterance = True  # the rest of this utterance too
+            else:
+                await self._barge_in(pending)
+
+    def _resume_if_echo(self, pending: Interruption, response: Response) -> bool:
+        """If the words of this interruption are the reply's own, come back over the line,
+        the reply resumes (True): the gate let a loud echo through."""
+        turn = self.ledger.turn(response.id)
+        back = int(ECHO_TEXT_S * self.ledger.sample_rate)
+        earlier = turn.heard_text(max(0, turn.sent - back))
+        if not is_echo_of(pending.words, turn.heard_text(turn.sent)[len(earlier) :]):
+            return False
+        log.info("session %s: %r over the reply was its echo", self.id, pending.words)
+        self._interruption = None
+        metrics.ECHOES_HEARD.inc()
+        self._resume()
+        return True
 
     async def _barge_in(self, pending: Interruption) -> None:
         assert self._response is not None
@@ -485,6 +511,8 @@ class Session:
             if is_backchannel(text) and (text or self.config.resume_false_interruptions):
                 self._interruption = None  # a backchannel, or no words at all: go on
                 self._resume()
+                return
+            if self._response is not None and self._resume_if_echo(pending, self._response):
                 return
             await self._barge_in(pending)
         self._transcript_done(text, event)

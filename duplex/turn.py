@@ -29,6 +29,21 @@ def is_backchannel(text: str) -> bool:
     return all(word in BACKCHANNELS for word in words)
 
 
+def is_echo_of(heard: str, spoken: str, share: float = 0.6) -> bool:
+    """True when the words heard are mostly the assistant's own recent words, in order
+    (their longest common subsequence is at least ``share`` of them): its echo, come
+    back loud enough to pass for the caller (a phone line at -10 dB)."""
+    words, said = _WORD.findall(heard.lower()), _WORD.findall(spoken.lower())
+    if not words or not said:
+        return False
+    row = [0] * (len(said) + 1)  # LCS by dynamic programming, one row at a time
+    for word in words:
+        diagonal = 0
+        for j, other in enumerate(said, 1):
+            diagonal, row[j] = row[j], diagonal + 1 if word == other else max(row[j], row[j - 1])
+    return row[-1] >= share * len(words)
+
+
 @dataclass
 class TurnTimes:
     """Monotonic times of one turn's steps, for its latency breakdown."""

@@ -43,11 +43,11 @@ def test_the_echo_of_the_reply_is_echo_and_a_louder_voice_is_the_caller():
         gate.record_sent(
             tone(400, -10, TTS_RATE) + tone(5000, -28 if k % 5 == 0 else -50, TTS_RATE), TTS_RATE, k * 0.02
         )
-    now = 0.4
+    now = 0.5  # after the first 0.4 s of the reply, when its echo was measured (see below)
     echo = band_levels_db(tone(400, -30) + tone(5000, -48), RATE)  # the reply at -20 dB
-    assert gate.is_echo(echo, 0.2, now)
-    assert not gate.is_echo(band_levels_db(tone(400, -15), RATE), 0.2, now)  # a voice near the reply's level
-    assert gate.is_echo(band_levels_db(tone(400, -25), RATE), 0.2, now)  # broadband, too quiet for the caller
+    assert gate.is_echo(echo, 0.3, now)
+    assert not gate.is_echo(band_levels_db(tone(400, -15), RATE), 0.3, now)  # a voice near the reply's level
+    assert gate.is_echo(band_levels_db(tone(400, -25), RATE), 0.3, now)  # broadband, too quiet for the caller
 
 
 def test_a_fricative_under_the_replys_vowels_is_the_caller():
@@ -56,7 +56,30 @@ def test_a_fricative_under_the_replys_vowels_is_the_caller():
         gate.record_sent(tone(400, -10, TTS_RATE) + tone(4000, -45, TTS_RATE), TTS_RATE, k * 0.02)
     s = hiss(-30)  # "S-" of "Stop": 20 dB under the reply's vowels
     assert level_db(s) < -10 - 12  # too quiet broadband to pass a level test
-    assert not gate.is_echo(band_levels_db(s, RATE), 0.2, 0.4)
+    assert not gate.is_echo(band_levels_db(s, RATE), 0.3, 0.5)
+
+
+def test_a_loud_line_is_measured_at_the_start_of_the_reply_and_gated_for_it():
+    gate = EchoGate(suppression_db=12)
+    for k in range(40):
+        gate.record_sent(tone(400, -10, TTS_RATE), TTS_RATE, k * 0.02)
+    loud_echo = band_levels_db(tone(400, -19), RATE)  # a line that echoes at -9 dB
+    for k in range(1, 21):  # its first 0.4 s: inbound audio is taken for echo, and measured
+        assert gate.is_echo(loud_echo, k * 0.02 - 0.02, k * 0.02)
+        gate.train(loud_echo, k * 0.02)
+    assert gate.effective_db == 12  # not decided until the measuring is over
+    gate.train(loud_echo, 0.42)
+    assert abs(gate.effective_db - 5.0) < 0.1  # 4 dB under the loudest echo measured
+    assert gate.is_echo(loud_echo, 0.42, 0.6)  # the echo no longer passes for the caller...
+    assert not gate.is_echo(band_levels_db(tone(400, -12), RATE), 0.42, 0.6)  # ...a voice does
+    gate.record_sent(tone(400, -10, TTS_RATE), TTS_RATE, 5.0)  # the next reply is measured anew
+    gate.train(band_levels_db(tone(400, -40), RATE), 5.1)
+    gate.train(band_levels_db(tone(400, -40), RATE), 5.5)
+    assert gate.effective_db == 12  # a quiet line keeps the setting
+    gate.record_sent(tone(400, -10, TTS_RATE), TTS_RATE, 9.0)
+    gate.train(band_levels_db(tone(400, -9), RATE), 9.1)  # the caller talked at once, loudly
+    gate.train(loud_echo, 9.5)
+    assert gate.effective_db == 4.0  # never under MIN_SUPPRESSION_DB
 
 
 def test_nothing_sent_nothing_quiet_is_the_caller():
