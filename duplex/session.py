@@ -663,6 +663,7 @@ class Session:
                 self._quick_onsets(True)
                 breakdown = response.times.breakdown_ms()
                 metrics.observe_turn(breakdown)
+                log.info("session %s: %s began", self.id, response.id, extra={"fields": breakdown})
                 self._emit(ev.METRICS, response_id=response.id, **breakdown)
             position = self.ledger.record_sent(response.id, frame.num_samples)
             if not self.config.playback_acks:
