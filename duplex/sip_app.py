@@ -67,6 +67,11 @@ def _route_address(peer: str) -> str:
         return str(s.getsockname()[0])
 
 
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("sip: %s failed", task.get_name(), exc_info=task.exception())
+
+
 class _Datagrams(asyncio.DatagramProtocol):
     def __init__(self, receive: Callable[[bytes, tuple[str, int]], None]) -> None:
         self.receive = receive
@@ -248,6 +253,7 @@ class SipListener:
         task = asyncio.create_task(self._answer(request, addr), name=f"sip-invite-{request.call_id[:16]}")
         self._pending[request.call_id] = task
         task.add_done_callback(lambda _: self._pending.pop(request.call_id, None))
+        task.add_done_callback(_log_failure)
 
     def _contact(self, call: SipCall) -> list[tuple[str, str]]:
         """Headers of a 200 OK with our SDP."""
@@ -305,6 +311,8 @@ class SipListener:
             asyncio.create_task(self._send_rtp(call), name=f"{name}-sip-rtp"),
             asyncio.create_task(self._watch(call), name=f"{name}-sip-watch"),
         ]
+        for task in call.tasks:
+            task.add_done_callback(_log_failure)
         codec = "PCMU" if call.codec == PCMU else "PCMA"
         log.info("sip call %s from %s: session %s, %s", call.call_id, addr[0], name, codec)
 
@@ -356,6 +364,7 @@ class SipListener:
         task = asyncio.create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(_log_failure)
 
     async def _resend_until_ack(self, call: SipCall) -> None:
         interval, waited = T1, 0.0

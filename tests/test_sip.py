@@ -444,7 +444,15 @@ async def test_hostile_sip_and_rtp_get_the_right_answer_and_disturb_no_call(serv
                     phone.rtp, RtpPacket(18, p.sequence, p.timestamp, 1234, b"\0" * 20).build(), target
                 )
             await asyncio.sleep(0.02 / 0.7)  # the survivors spread over the call's real time
-        await eventually(lambda: bool(recorder.of(ev.TRANSCRIPT_DONE)), 20)
+        # a key pressed (RFC 4733: the same event three times, then its end three times)
+        last = kept[-1]
+        for k in range(6):
+            event = bytes([7, 0x80 if k >= 3 else 0]) + (160 * (k + 1)).to_bytes(2, "big")
+            dtmf = RtpPacket(101, (last.sequence + 1 + k) % 65536, last.timestamp + 160, 1234, event)
+            await loop.sock_sendto(phone.rtp, dtmf.build(), target)
+        await eventually(lambda: bool(recorder.of(ev.TRANSCRIPT_DONE) and recorder.of(ev.DTMF)), 20)
+        await asyncio.sleep(0.1)
+        assert [e.data["digit"] for e in recorder.of(ev.DTMF)] == ["7"]  # once, not six times
         stranger.close()
         (final,) = recorder.of(ev.TRANSCRIPT_DONE)
         assert wer([(QUESTION, final.data["transcript"])]) <= 0.5, final.data["transcript"]
