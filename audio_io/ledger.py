@@ -141,6 +141,14 @@ class PlayoutLedger:
                 break  # wholly played by an earlier report, and so is every earlier turn
             turn.played = max(turn.played, min(turn.sent, position - turn.stream_start))
 
+    def truncate(self, turn_id: str, samples: int) -> int:
+        """The client says only ``samples`` of this turn were played (a Realtime
+        ``conversation.item.truncate``): unlike a playback report, this may move the
+        turn's played position back. Clamped to what was sent; returns the samples kept."""
+        turn = self.turns[turn_id]
+        turn.played = max(0, min(samples, turn.sent))
+        return turn.played
+
     def record_played_in_turn(self, turn_id: str, samples: int) -> None:
         """The caller has played ``samples`` of this turn (e.g. from a transport that
         knows its own playout position per turn); clamped to what was sent."""

@@ -91,6 +91,10 @@ class EchoGate:
         """Audio was sent recently enough to be echoing in inbound audio arrived at ``at``."""
         return bool(self._sent) and self._sent[-1][0] >= at - self.window_s
 
+    def measuring(self, at: float) -> bool:
+        """Inbound audio arrived at ``at`` is wanted by `train`."""
+        return self._training is not None and at >= self._training[0]
+
     def train(self, inbound: Bands, at: float) -> None:
         """Inbound frames (band levels) arrived at ``at``: measured as the reply's echo in
         its first `TRAIN_S`; the first frame after that sets the reply's suppression."""

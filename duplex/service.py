@@ -32,6 +32,7 @@ from duplex.grpc_app import GrpcListener
 from duplex.health import ComponentState, Readiness
 from duplex.http_app import build_http_app
 from duplex.metrics import LoopLag
+from duplex.realtime_app import RealtimeEndpoint
 from duplex.sessions import Sessions
 from duplex.sip_app import SipListener
 from duplex.twilio_app import TwilioEndpoint
@@ -62,6 +63,7 @@ class Service:
         self.sessions = Sessions(config.max_sessions, config.session_idle_timeout_s)
         self.webrtc = WebRtcEndpoint(config, self.sessions)
         self.twilio = TwilioEndpoint(config, self.sessions)
+        self.realtime = RealtimeEndpoint(config, self.sessions)
         self.engines: Engines | None = None
         self._loop_lag = LoopLag(period=0.05, keep=False)
         self._runner: web.AppRunner | None = None
@@ -76,6 +78,7 @@ class Service:
         set_host_addresses(self.config.webrtc_hosts)
         self.webrtc.routes(app)
         self.twilio.routes(app)
+        self.realtime.routes(app)
         self._runner = web.AppRunner(
             app,
             shutdown_timeout=self.config.shutdown_timeout_s / 2,

@@ -158,6 +158,7 @@ class Session:
         self._inbound_s = 0.0
         self._listen_task: asyncio.Task[None] | None = None
         self._response: Response | None = None
+        self._last_reply = ""  # the reply that is the conversation's last turn
         self._interruption: Interruption | None = None
         self._echo_utterance = False  # the utterance in progress is the assistant's echo
         self._utterance_start = 0  # stream position of the caller's speech start
@@ -260,6 +261,25 @@ class Session:
         elif response is not None:
             await self._cut(response)
 
+    async def truncate(self, response_id: str, audio_end_ms: int) -> int:
+        """The client played only ``audio_end_ms`` of this reply: it stops here if still
+        going, and it is kept, in the history and the KV, as far as that was heard
+        (when it is the conversation's last reply). Clamped to the audio sent (clients
+        race here); returns the milliseconds kept."""
+        self.last_input = time.monotonic()
+        if response_id not in self.ledger.turns:
+            raise SessionError("unknown_item", f"no reply {response_id!r} in this session")
+        if self._response is not None and self._response.id == response_id:
+            await self._end_response()
+            self.machine.to(State.LISTENING)
+        rate = self.ledger.sample_rate
+        kept = self.ledger.truncate(response_id, max(0, audio_end_ms) * rate // 1000)
+        heard = self.ledger.heard_text(response_id)
+        turns = self.conversation.turns
+        if turns and turns[-1].reply_text.startswith(heard) and self._last_reply == response_id:
+            self.conversation.truncate(heard)
+        return kept * 1000 // rate
+
     def configure(self, changes: dict[str, object]) -> None:
         """Change turn-taking settings while the session runs (`SessionConfig.RUNTIME_KEYS`);
         a bad key or value is a `SessionError`, and nothing changes."""
@@ -312,7 +332,7 @@ class Session:
     def _train_echo(self, samples: npt.NDArray[np.int16], arrived: float) -> None:
         """Inbound audio at the start of a reply is its echo, measured (`EchoGate.train`)."""
         n = samples.size // LEVEL_WINDOW
-        if n:
+        if n and self.echo.measuring(arrived):
             windows = samples[: n * LEVEL_WINDOW].reshape(n, LEVEL_WINDOW)
             self.echo.train(band_levels_db(windows, RUNTIME_RATE), arrived)
 
@@ -622,12 +642,14 @@ class Session:
         await self._stop_work(response)
         if response.in_conversation:
             self.conversation.retract()
+            self._last_reply = ""
         self._response = None
 
     async def _generate(self, response: Response, text: str) -> None:
         try:
             async for delta in self.conversation.reply(text):
                 response.in_conversation = True
+                self._last_reply = response.id
                 if response.times.first_token is None:
                     response.times.first_token = time.monotonic()
                 self.ledger.turn(response.id).add_text(delta)

@@ -64,6 +64,13 @@ class Sessions:
         self._open.discard(session)
         await session.close()
 
+    async def close_with(self, session: Session, *tasks: asyncio.Task[None]) -> None:
+        """A transport's connection ended: cancel its tasks, wait for them, close the session."""
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.close(session)
+
     async def close_all(self) -> None:
         watchdog, self._watchdog = self._watchdog, None
         if watchdog is not None:

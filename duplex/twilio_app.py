@@ -250,12 +250,13 @@ class TwilioEndpoint:
             await self._media(ws, session, sink)
         finally:
             self.calls.pop(start.stream_sid, None)
-            for task in (writer, closer):
-                task.cancel()
-            await asyncio.gather(writer, closer, return_exceptions=True)
-            await self.sessions.close(session)
-            await ws.close()
+            # shielded: aiohttp cancels the handler when the provider drops the connection
+            await asyncio.shield(self._end(session, ws, writer, closer))
             log.info("twilio call %s: ended", start.call_sid)
+
+    async def _end(self, session: Session, ws: web.WebSocketResponse, *tasks: asyncio.Task[None]) -> None:
+        await self.sessions.close_with(session, *tasks)
+        await ws.close()
 
     async def _close_with(self, session: Session, ws: web.WebSocketResponse) -> None:
         """The session ended first (idle timeout, shutdown): hang up."""

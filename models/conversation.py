@@ -95,6 +95,12 @@ class Conversation:
         self.last = TurnStats()
         self.dropped_turns = 0
 
+    def set_system_prompt(self, system_prompt: str | None) -> None:
+        """New instructions from the next turn on (the KV is re-prefilled once: the
+        history no longer starts with what it holds)."""
+        self.system_prompt = self.engine.config.system_prompt if system_prompt is None else system_prompt
+        self._system = self.format.system(self.system_prompt)
+
     # -- the token sequence --
 
     def history_tokens(self) -> list[int]:

@@ -1,0 +1,251 @@
+"""The session object of the OpenAI Realtime API (GA) for ``WS /v1/realtime``: what a
+client may set with ``session.update``, checked field by field, and the full object the
+server reports in ``session.created`` / ``session.updated``.
+
+Supported: ``instructions``; ``audio.input.format`` and ``audio.output.format``
+(``audio/pcm`` at 24 kHz, ``audio/pcmu``, ``audio/pcma``); ``audio.input.turn_detection``
+(``server_vad`` with ``silence_duration_ms``; or null for manual turns; ``threshold`` and
+``prefix_padding_ms`` are accepted and reported, the runtime's VAD keeps its own;
+``create_response`` and ``interrupt_response`` only true, for now);
+``audio.output.voice`` (any name: the server has one voice); ``output_modalities``
+``["audio"]``. Accepted and ignored (reported back as set): ``audio.input.transcription``
+(transcription always runs, with the server's model), ``noise_reduction``, ``speed``,
+``tracing``, ``truncation``, ``include``, ``prompt``, ``model``, ``max_output_tokens``,
+``tool_choice``, and ``tools`` when empty. Refused with an ``invalid_request_error``:
+anything else, and values out of range.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+FORMATS = {"audio/pcm": 24000, "audio/pcmu": 8000, "audio/pcma": 8000}
+IGNORED_KEYS = ("tracing", "truncation", "include", "prompt", "model", "max_output_tokens", "tool_choice")
+
+
+class RealtimeError(Exception):
+    """A client event the server refuses: becomes an ``error`` event."""
+
+    def __init__(
+        self,
+        message: str,
+        code: str = "invalid_value",
+        param: str | None = None,
+        kind: str = "invalid_request_error",
+    ) -> None:
+        super().__init__(message)
+        self.code, self.param, self.kind = code, param, kind
+
+    def body(self, event_id: str | None) -> dict[str, Any]:
+        return {
+            "type": self.kind,
+            "code": self.code,
+            "message": str(self),
+            "param": self.param,
+            "event_id": event_id,
+        }
+
+
+@dataclass(frozen=True)
+class TurnDetection:
+    threshold: float = 0.5
+    prefix_padding_ms: int = 300
+    silence_duration_ms: int = 500
+    create_response: bool = True
+    interrupt_response: bool = True
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "type": "server_vad",
+            "threshold": self.threshold,
+            "prefix_padding_ms": self.prefix_padding_ms,
+            "silence_duration_ms": self.silence_duration_ms,
+            "idle_timeout_ms": None,
+            "create_response": self.create_response,
+            "interrupt_response": self.interrupt_response,
+        }
+
+
+def _object(value: Any, param: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise RealtimeError(f"Invalid type for '{param}': expected an object.", "invalid_type", param)
+    return value
+
+
+def _format(value: Any, param: str) -> dict[str, Any]:
+    fmt = _object(value, param)
+    kind = fmt.get("type")
+    if kind not in FORMATS:
+        raise RealtimeError(
+            f"Invalid value for '{param}.type': {str(kind)[:40]!r}; supported: {', '.join(FORMATS)}.",
+            param=f"{param}.type",
+        )
+    rate = fmt.get("rate", FORMATS[kind])
+    if rate != FORMATS[kind]:
+        raise RealtimeError(f"Invalid '{param}.rate': {kind} is {FORMATS[kind]} Hz.", param=f"{param}.rate")
+    return {"type": kind, "rate": 24000} if kind == "audio/pcm" else {"type": kind}
+
+
+def _number(obj: dict[str, Any], key: str, param: str, low: float, high: float, integer: bool) -> Any:
+    value = obj[key]
+    kinds = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds) or not low <= value <= high:
+        what = "an integer" if integer else "a number"
+        raise RealtimeError(
+            f"Invalid '{param}.{key}': expected {what} from {low:g} to {high:g}.", param=f"{param}.{key}"
+        )
+    return value
+
+
+def _turn_detection(value: Any, current: TurnDetection | None) -> TurnDetection | None:
+    param = "session.audio.input.turn_detection"
+    if value is None:
+        return None
+    td = _object(value, param)
+    if td.get("type") != "server_vad":
+        raise RealtimeError(
+            f"Invalid '{param}.type': only 'server_vad' (or null) is supported.", param=f"{param}.type"
+        )
+    base = current or TurnDetection()
+    fields: dict[str, Any] = {}
+    for key, low, high, integer in (
+        ("threshold", 0.0, 1.0, False),
+        ("prefix_padding_ms", 0, 2000, True),
+        ("silence_duration_ms", 200, 5000, True),
+    ):
+        if key in td:
+            fields[key] = _number(td, key, param, low, high, integer)
+    for key in ("create_response", "interrupt_response"):
+        if key in td:
+            if not isinstance(td[key], bool):
+                raise RealtimeError(f"Invalid '{param}.{key}': expected a boolean.", param=f"{param}.{key}")
+            if not td[key]:  # the runtime always answers a turn, and can always be cut in on
+                raise RealtimeError(
+                    f"'{param}.{key}': false is not supported yet.", "unsupported", f"{param}.{key}"
+                )
+            fields[key] = td[key]
+    unknown = set(td) - {"type", "idle_timeout_ms", *fields}
+    if unknown:
+        raise RealtimeError(f"Unknown parameter '{param}.{sorted(unknown)[0]}'.", "unknown_parameter")
+    return TurnDetection(**{**base.__dict__, **fields})
+
+
+class RealtimeSessionConfig:
+    """One connection's session settings, as the API shows them."""
+
+    def __init__(self, session_id: str, voice: str, instructions: str, max_instructions: int) -> None:
+        self.id = session_id
+        self.voice = voice
+        self.instructions = instructions
+        self.max_instructions = max_instructions
+        self.input_format: dict[str, Any] = {"type": "audio/pcm", "rate": 24000}
+        self.output_format: dict[str, Any] = {"type": "audio/pcm", "rate": 24000}
+        self.turn_detection: TurnDetection | None = TurnDetection()
+        self.echoed: dict[str, Any] = {}  # accepted-and-ignored settings, reported back as set
+        self.audio_started = False  # the voice may not change once audio went out
+
+    def update(self, raw: Any) -> None:
+        """Apply a ``session.update``'s ``session``, all or nothing."""
+        session = _object(raw, "session")
+        staged = copy.copy(self)
+        staged.echoed = dict(self.echoed)
+        if session.get("type", "realtime") != "realtime":
+            raise RealtimeError("Only 'realtime' sessions are supported.", param="session.type")
+        for key, value in session.items():
+            if key == "type":
+                continue
+            if key == "instructions":
+                if not isinstance(value, str) or len(value) > self.max_instructions:
+                    raise RealtimeError(
+                        f"'session.instructions' must be a string of at most "
+                        f"{self.max_instructions} characters.",
+                        param="session.instructions",
+                    )
+                staged.instructions = value
+            elif key == "output_modalities":
+                if value != ["audio"]:
+                    raise RealtimeError(
+                        "Only output_modalities ['audio'] is supported.", param="session.output_modalities"
+                    )
+            elif key == "audio":
+                staged._audio(_object(value, "session.audio"))
+            elif key == "tools":
+                if value not in ([], None):
+                    raise RealtimeError("Tools are not supported.", "unsupported", "session.tools")
+            elif key in IGNORED_KEYS:
+                staged.echoed[key] = value
+            else:
+                raise RealtimeError(
+                    f"Unknown parameter 'session.{key}'.", "unknown_parameter", f"session.{key}"
+                )
+        self.__dict__.update(staged.__dict__)
+
+    def _audio(self, audio: dict[str, Any]) -> None:
+        for side in audio:
+            if side not in ("input", "output"):
+                raise RealtimeError(f"Unknown parameter 'session.audio.{side}'.", "unknown_parameter")
+        inp = _object(audio.get("input", {}), "session.audio.input")
+        for key, value in inp.items():
+            if key == "format":
+                self.input_format = _format(value, "session.audio.input.format")
+            elif key == "turn_detection":
+                self.turn_detection = _turn_detection(value, self.turn_detection)
+            elif key in ("transcription", "noise_reduction"):
+                self.echoed[f"input.{key}"] = value
+            else:
+                raise RealtimeError(f"Unknown parameter 'session.audio.input.{key}'.", "unknown_parameter")
+        out = _object(audio.get("output", {}), "session.audio.output")
+        for key, value in out.items():
+            if key == "format":
+                self.output_format = _format(value, "session.audio.output.format")
+            elif key == "voice":
+                name = value.get("id") if isinstance(value, dict) else value
+                if not isinstance(name, str) or not name:
+                    raise RealtimeError(
+                        "'session.audio.output.voice' must be a voice name.",
+                        param="session.audio.output.voice",
+                    )
+                if self.audio_started and name != self.voice:
+                    raise RealtimeError(
+                        "Cannot update a session's voice after audio has been output.",
+                        param="session.audio.output.voice",
+                    )
+                self.voice = name
+            elif key == "speed":
+                self.echoed["output.speed"] = value
+            else:
+                raise RealtimeError(f"Unknown parameter 'session.audio.output.{key}'.", "unknown_parameter")
+
+    def as_dict(self) -> dict[str, Any]:
+        """The full session object of ``session.created`` / ``session.updated``."""
+        return {
+            "type": "realtime",
+            "object": "realtime.session",
+            "id": self.id,
+            "model": self.echoed.get("model", "duplex"),
+            "output_modalities": ["audio"],
+            "instructions": self.instructions,
+            "tools": [],
+            "tool_choice": self.echoed.get("tool_choice", "auto"),
+            "max_output_tokens": self.echoed.get("max_output_tokens", "inf"),
+            "tracing": self.echoed.get("tracing"),
+            "truncation": self.echoed.get("truncation", "auto"),
+            "prompt": self.echoed.get("prompt"),
+            "include": self.echoed.get("include"),
+            "expires_at": 0,
+            "audio": {
+                "input": {
+                    "format": self.input_format,
+                    "transcription": self.echoed.get("input.transcription"),
+                    "noise_reduction": self.echoed.get("input.noise_reduction"),
+                    "turn_detection": self.turn_detection.as_dict() if self.turn_detection else None,
+                },
+                "output": {
+                    "format": self.output_format,
+                    "voice": self.voice,
+                    "speed": self.echoed.get("output.speed", 1.0),
+                },
+            },
+        }
