@@ -398,6 +398,8 @@ class Session:
             self._times.stopped = event.at
             if self._interruption is None:
                 self._emit(ev.SPEECH_STOPPED, item_id=self._user_item, audio_end_ms=event.position // 16)
+            else:  # told if it turns out to be a barge-in (`_barge_in`)
+                self._interruption.stopped = event.position
         elif kind is ListenEventKind.FINAL:
             assert event.result is not None
             await self._final(event.result.text.strip(), event)
@@ -515,6 +517,8 @@ class Session:
         await self._cut(self._response)
         if pending.words:
             self._emit(ev.TRANSCRIPT_DELTA, item_id=self._user_item, delta=pending.words)
+        if pending.stopped is not None:  # judged only at its end (words came late): it ended
+            self._emit(ev.SPEECH_STOPPED, item_id=self._user_item, audio_end_ms=pending.stopped // 16)
 
     async def _final(self, text: str, event: ListenEvent) -> None:
         held = self._response

@@ -96,3 +96,4 @@ class Interruption:
 
     position: int  # 16 kHz stream position where the caller's voice began
     words: str = ""
+    stopped: int | None = None  # where the VAD heard it end, if it did before it was judged
