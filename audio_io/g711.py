@@ -108,3 +108,24 @@ def alaw_encode(pcm: Int16Array | bytes) -> CodeArray:
 def alaw_decode(codes: CodeArray | bytes) -> Int16Array:
     """A-law codes (array or bytes) -> int16 samples."""
     return _ALAW_DEC[_as_codes(codes)]
+
+
+def decode_wire(data: bytes, law: str | None) -> Int16Array:
+    """Audio bytes as transports carry them: ``law`` "ulaw" or "alaw" (G.711 codes), or
+    None (PCM16, little-endian). A `ValueError` for PCM16 of an odd length."""
+    if law == "ulaw":
+        return ulaw_decode(data)
+    if law == "alaw":
+        return alaw_decode(data)
+    if len(data) % 2:
+        raise ValueError(f"PCM16 audio must be whole 2-byte samples; got {len(data)} bytes")
+    return np.frombuffer(data, dtype="<i2").astype(np.int16)
+
+
+def encode_wire(samples: Int16Array, law: str | None) -> bytes:
+    """The inverse of `decode_wire`."""
+    if law == "ulaw":
+        return ulaw_encode(samples).tobytes()
+    if law == "alaw":
+        return alaw_encode(samples).tobytes()
+    return samples.astype("<i2", copy=False).tobytes()

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from audio_io._proto import duplex_pb2 as pb
 from audio_io.frame import Int16Array
-from audio_io.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
+from audio_io.g711 import decode_wire, encode_wire
 
 PCM16_RATES = (8000, 16000, 24000, 48000)
 
@@ -39,18 +37,15 @@ class WireFormat:
     def message(self) -> pb.AudioFormat:
         return pb.AudioFormat(encoding=self.encoding, sample_rate=self.sample_rate)  # type: ignore[arg-type]
 
+    @property
+    def law(self) -> str | None:
+        return "ulaw" if self.encoding == pb.MULAW else "alaw" if self.encoding == pb.ALAW else None
+
     def decode(self, data: bytes) -> Int16Array:
-        if self.encoding == pb.MULAW:
-            return ulaw_decode(data)
-        if self.encoding == pb.ALAW:
-            return alaw_decode(data)
-        if len(data) % 2:
-            raise FormatError(f"PCM16 audio must be whole 2-byte samples; got {len(data)} bytes")
-        return np.frombuffer(data, dtype="<i2").astype(np.int16)
+        try:
+            return decode_wire(data, self.law)
+        except ValueError as e:
+            raise FormatError(str(e)) from None
 
     def encode(self, samples: Int16Array) -> bytes:
-        if self.encoding == pb.MULAW:
-            return ulaw_encode(samples).tobytes()
-        if self.encoding == pb.ALAW:
-            return alaw_encode(samples).tobytes()
-        return samples.astype("<i2", copy=False).tobytes()
+        return encode_wire(samples, self.law)

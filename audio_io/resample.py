@@ -146,6 +146,13 @@ class FrameResampler:
             self._resampler.reset()
         self._reframer.reset()
 
+    def end(self, completed: bool) -> list[Int16Array]:
+        """A reply ended: played out, its held remainder (`finish`); cut, nothing (`reset`)."""
+        if completed:
+            return self.finish()
+        self.reset()
+        return []
+
     @property
     def pending_samples(self) -> int:
         return self._reframer.pending_samples

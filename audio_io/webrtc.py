@@ -314,10 +314,7 @@ class WebRtcPeer:
     def end_of_audio(self, played_out: bool = True) -> None:
         """The reply ended: its last partial frame goes out, padded with silence (or,
         for a reply that was cut, is dropped)."""
-        if not played_out:
-            self._frames.reset()
-            return
-        for samples in self._frames.finish():
+        for samples in self._frames.end(played_out):
             self.track.push(samples)
 
     def flush(self) -> None:

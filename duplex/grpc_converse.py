@@ -146,12 +146,9 @@ class GrpcSink:
         self.outbox.put(pb.ServerEvent(audio=chunk))
 
     def event(self, event: Event) -> None:
-        if event.type == ev.RESPONSE_DONE:
-            if event.data.get("status") == "completed":  # its last partial chunk, padded
-                for samples in self._frames.finish():
-                    self._chunk(samples, str(event.data["response_id"]))
-            else:  # cut: nothing more of it may leave
-                self._frames.reset()
+        if event.type == ev.RESPONSE_DONE:  # its last partial chunk, padded; nothing if cut
+            for samples in self._frames.end(event.data.get("status") == "completed"):
+                self._chunk(samples, str(event.data["response_id"]))
         try:
             message = server_event(event)
         except (KeyError, TypeError, ValueError):  # a bug here must not break the session's tasks

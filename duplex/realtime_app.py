@@ -30,7 +30,7 @@ import numpy as np
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from audio_io.frame import AudioFrame, Int16Array
-from audio_io.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
+from audio_io.g711 import decode_wire, encode_wire
 from audio_io.resample import FrameResampler, Resampler
 from duplex import events as ev
 from duplex.config import Config
@@ -49,22 +49,18 @@ MAX_QUEUED = 2000  # events waiting for a client that does not read
 MAX_BUFFER_S = 300  # manual turns: input audio held until commit
 
 
+LAWS = {"audio/pcmu": "ulaw", "audio/pcma": "alaw", "audio/pcm": None}  # for decode_wire
+
+
 def _decode(audio: bytes, kind: str) -> Int16Array:
-    if kind == "audio/pcmu":
-        return ulaw_decode(audio)
-    if kind == "audio/pcma":
-        return alaw_decode(audio)
-    if len(audio) % 2:
-        raise RealtimeError("PCM16 audio must be whole 16-bit samples.", param="audio")
-    return np.frombuffer(audio, "<i2").astype(np.int16)
+    try:
+        return decode_wire(audio, LAWS[kind])
+    except ValueError:
+        raise RealtimeError("PCM16 audio must be whole 16-bit samples.", param="audio") from None
 
 
 def _encode(samples: Int16Array, kind: str) -> bytes:
-    if kind == "audio/pcmu":
-        return ulaw_encode(samples).tobytes()
-    if kind == "audio/pcma":
-        return alaw_encode(samples).tobytes()
-    return samples.astype("<i2").tobytes()
+    return encode_wire(samples, LAWS[kind])
 
 
 def _user_message(item_id: str, part: dict[str, Any]) -> dict[str, Any]:
@@ -140,10 +136,8 @@ class RealtimeSink:
             c.send("response.output_audio_transcript.delta", **c.part(d["response_id"]), delta=d["delta"])
         elif event.type == ev.RESPONSE_DONE:
             if self._frames is not None:
-                if d["status"] == "completed":
-                    for samples in self._frames.finish():
-                        self._delta(d["response_id"], samples)
-                self._frames.reset()
+                for samples in self._frames.end(d["status"] == "completed"):
+                    self._delta(d["response_id"], samples)
             c.response_done(d["response_id"], d["status"], self._transcripts.pop(d["response_id"], ""))
         elif event.type == ev.TRUNCATED:
             c.truncated(d["item_id"], d["audio_end_ms"])

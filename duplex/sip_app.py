@@ -101,10 +101,8 @@ class RtpSink:
 
     def event(self, event: Event) -> None:
         if event.type == ev.RESPONSE_DONE:
-            if event.data.get("status") == "completed":
-                self.queue += [self.encode(s).tobytes() for s in self._frames.finish()]
-            else:
-                self._frames.reset()
+            completed = event.data.get("status") == "completed"
+            self.queue += [self.encode(s).tobytes() for s in self._frames.end(completed)]
 
     def flush(self) -> None:
         self.queue.clear()

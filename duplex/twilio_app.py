@@ -131,13 +131,11 @@ class TwilioSink:
 
     def event(self, event: Event) -> None:
         if event.type == ev.RESPONSE_DONE:
-            if event.data.get("status") == "completed":
-                for samples in self._frames.finish():
-                    self._media(samples)
-                if self._since_mark:
-                    self._mark()
-            else:
-                self._frames.reset()
+            completed = event.data.get("status") == "completed"
+            for samples in self._frames.end(completed):
+                self._media(samples)
+            if completed and self._since_mark:  # the reply's last mark
+                self._mark()
         elif event.type == ev.ERROR:
             log.info("twilio %s: %s", self.stream_sid, event.data["error"]["message"])
 
