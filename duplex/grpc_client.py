@@ -35,8 +35,18 @@ class Conversation:
         self._writing = asyncio.Lock()  # one write at a time on a stream, from any task
 
     async def _write(self, message: pb.ClientEvent) -> None:
-        async with self._writing:
-            await self._call.write(message)
+        """One write at a time, and a write once begun is finished: grpc.aio ends the
+        whole RPC when a task is cancelled inside ``write``, so a caller that stops its
+        sending task must not take the conversation down with it."""
+        await self._writing.acquire()
+        write = asyncio.ensure_future(self._call.write(message))
+        write.add_done_callback(self._written)
+        await asyncio.shield(write)
+
+    def _written(self, write: asyncio.Future[None]) -> None:
+        self._writing.release()
+        if not write.cancelled():
+            write.exception()  # retrieved here; a waiting caller gets it from the shield
 
     async def send_audio(self, data: bytes, capture_time: float | None = None) -> None:
         chunk = pb.AudioChunk(data=data)
