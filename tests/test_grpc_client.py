@@ -34,7 +34,7 @@ class HeldCall:
 @pytest.mark.asyncio
 async def test_a_sender_cancelled_mid_write_leaves_the_conversation_open():
     call = HeldCall()
-    conversation = Conversation(call, pb.SessionStarted())  # type: ignore[arg-type]
+    conversation = Conversation(call, pb.SessionStarted())
     sender = asyncio.create_task(conversation.send_audio(b"\x00\x00"))
     await asyncio.sleep(0)
     sender.cancel()
