@@ -4,7 +4,7 @@ client written for it can talk to this server (base URL on our host, any key unl
 
     client events ─► checked (`RealtimeError` ─► ``error``, the socket stays open)
         input_audio_buffer.append ─► decode (pcm 24 kHz / pcmu / pcma) ─► Session
-        conversation.item.create (text) ─► held until response.create ─► Session.push_text
+        conversation.item.create (text), commit ─► Session.add_turn; response.create ─► Session.respond
         conversation.item.truncate ─► Session.truncate (clamped to what was sent)
         response.cancel ─► Session.cancel
     session events ─► `RealtimeSink` ─► GA server events (items, parts, deltas, done)
@@ -169,7 +169,6 @@ class RealtimeConnection:
         self._items: dict[str, dict[str, Any]] = {}  # by item id, as the client sees them
         self._order: list[str] = []
         self._responses: dict[str, str] = {}  # response id -> its item id
-        self._pending_text: list[str] = []  # user text items not yet answered
         self._resampler = Resampler(24000, RUNTIME_INPUT_RATE)
         self._buffer: list[Int16Array] = []  # manual turns: audio appended since the last commit
         self._buffered = 0
@@ -307,12 +306,28 @@ class RealtimeConnection:
         before = (self.config.turn_detection, self.config.instructions)
         self.config.update(message.get("session"))
         assert self.session is not None
-        td = self.config.turn_detection
-        if td is not None and td != before[0]:
-            self.session.configure({"end_of_turn_ms": td.silence_duration_ms})
+        if self.config.turn_detection != before[0]:
+            self.apply_turn_detection()
         if self.config.instructions != before[1]:
             self.session.conversation.set_system_prompt(self.config.instructions or None)
         self.send("session.updated", session=self.config.as_dict())
+
+    def apply_turn_detection(self) -> None:
+        """The session's turn-taking as ``turn_detection`` says (server VAD); with none,
+        the session hears nothing: audio waits in the buffer for a commit."""
+        td = self.config.turn_detection
+        if td is None:
+            return
+        assert self.session is not None
+        self.session.configure(
+            {
+                "end_of_turn_ms": td.silence_duration_ms,
+                "vad_threshold": min(0.95, max(0.2, td.threshold)),
+                "speech_prefix_ms": td.prefix_padding_ms,
+                "answer_turns": td.create_response,
+                "barge_in": td.interrupt_response,
+            }
+        )
 
     async def _append(self, message: dict[str, Any]) -> None:
         audio = message.get("audio")
@@ -368,16 +383,14 @@ class RealtimeConnection:
         item_id = given if isinstance(given, str) else f"item_text_{next(self._text_items)}"
         if item_id in self._items:
             raise RealtimeError(f"Item '{item_id}' already exists.", "duplicate_item_id", "item.id")
-        self._pending_text.append(text)
+        assert self.session is not None
+        self.session.add_turn(text)
         self._add_item(_user_message(item_id, {"type": "input_text", "text": text}))
         self.send("conversation.item.done", previous_item_id=None, item=self._items[item_id])
 
     async def _response_create(self, message: dict[str, Any]) -> None:
         assert self.session is not None
-        if not self._pending_text:
-            raise RealtimeError("There is no new user input to respond to.", "no_input")
-        text, self._pending_text = "\n".join(self._pending_text), []
-        await self.session.push_text(text)
+        await self.session.respond()
 
     async def _response_cancel(self, message: dict[str, Any]) -> None:
         assert self.session is not None
@@ -434,7 +447,7 @@ class RealtimeConnection:
         )
         self.item_done(item_id, "user", [{"type": "input_audio", "transcript": transcript}])
         if transcript.strip():
-            self._pending_text.append(transcript)
+            self.session.add_turn(transcript)
 
 
 HANDLERS = {
@@ -482,6 +495,7 @@ class RealtimeEndpoint:
         session = await self.sessions.open(sink, SessionConfig(input_rate=RUNTIME_INPUT_RATE))
         settings.id = session.id
         connection.session = session
+        connection.apply_turn_detection()  # the API's defaults, as session.created shows them
         connection.send("session.created", session=settings.as_dict())
         writer = asyncio.create_task(connection.writer(), name=f"{session.id}-realtime-send")
         closer = asyncio.create_task(self._close_with(session, ws), name=f"{session.id}-realtime-close")

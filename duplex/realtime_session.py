@@ -4,9 +4,11 @@ server reports in ``session.created`` / ``session.updated``.
 
 Supported: ``instructions``; ``audio.input.format`` and ``audio.output.format``
 (``audio/pcm`` at 24 kHz, ``audio/pcmu``, ``audio/pcma``); ``audio.input.turn_detection``
-(``server_vad`` with ``silence_duration_ms``; or null for manual turns; ``threshold`` and
-``prefix_padding_ms`` are accepted and reported, the runtime's VAD keeps its own;
-``create_response`` and ``interrupt_response`` only true, for now);
+(``server_vad``, or null for manual turns; ``silence_duration_ms`` ends a turn;
+``threshold`` is the VAD's speech probability, applied within 0.2-0.95;
+``prefix_padding_ms`` is the audio kept before the detected start; ``create_response``
+false holds each turn for ``response.create``; ``interrupt_response`` false lets the
+reply play on while the caller speaks, and answers them after it);
 ``audio.output.voice`` (any name: the server has one voice); ``output_modalities``
 ``["audio"]``. Accepted and ignored (reported back as set): ``audio.input.transcription``
 (transcription always runs, with the server's model), ``noise_reduction``, ``speed``,
@@ -121,10 +123,6 @@ def _turn_detection(value: Any, current: TurnDetection | None) -> TurnDetection 
         if key in td:
             if not isinstance(td[key], bool):
                 raise RealtimeError(f"Invalid '{param}.{key}': expected a boolean.", param=f"{param}.{key}")
-            if not td[key]:  # the runtime always answers a turn, and can always be cut in on
-                raise RealtimeError(
-                    f"'{param}.{key}': false is not supported yet.", "unsupported", f"{param}.{key}"
-                )
             fields[key] = td[key]
     unknown = set(td) - {"type", "idle_timeout_ms", *fields}
     if unknown:

@@ -100,6 +100,10 @@ class SessionConfig:
     # shown not to pause replies on their own echo (a CI run saw it do so once)
     quick_pause: bool = False
     word_times: bool = False  # final transcripts carry word times (~25-65 ms more per turn)
+    answer_turns: bool = True  # each finished user turn is answered; false: held for `respond`
+    barge_in: bool = True  # the caller's speech cuts the reply; false: it is the next turn
+    vad_threshold: float = 0.5  # speech probability that counts as speech
+    speech_prefix_ms: int = 30  # audio before the detected start that belongs to the utterance
 
     # settings a client may change while the session runs (`Session.configure`)
     RUNTIME_KEYS: ClassVar[tuple[str, ...]] = (
@@ -109,6 +113,10 @@ class SessionConfig:
         "barge_in_min_speech_ms",
         "echo_suppression_db",
         "word_times",
+        "answer_turns",
+        "barge_in",
+        "vad_threshold",
+        "speech_prefix_ms",
     )
 
     def __post_init__(self) -> None:
@@ -122,18 +130,31 @@ class SessionConfig:
             raise SessionError(
                 "bad_config", f"system_prompt must be a string of at most {MAX_SYSTEM_PROMPT} chars"
             )
-        for key, low, high in (("end_of_turn_ms", 200, 5000), ("barge_in_min_speech_ms", 20, 1000)):
+        for key, low, high in (
+            ("end_of_turn_ms", 200, 5000),
+            ("barge_in_min_speech_ms", 20, 1000),
+            ("speech_prefix_ms", 0, 2000),
+        ):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
                 raise SessionError("bad_config", f"{key} must be a whole number from {low} to {high}")
         if not isinstance(self.echo_suppression_db, int | float) or not 0 <= self.echo_suppression_db <= 40:
             raise SessionError("bad_config", "echo_suppression_db must be a number from 0 to 40")
+        threshold = self.vad_threshold
+        if (
+            isinstance(threshold, bool)
+            or not isinstance(threshold, int | float)
+            or not 0.2 <= threshold <= 0.95
+        ):
+            raise SessionError("bad_config", "vad_threshold must be a number from 0.2 to 0.95")
         for key in (
             "resume_false_interruptions",
             "speculative_replies",
             "playback_acks",
             "quick_pause",
             "word_times",
+            "answer_turns",
+            "barge_in",
         ):
             if not isinstance(getattr(self, key), bool):
                 raise SessionError("bad_config", f"{key} must be true or false")
@@ -151,7 +172,7 @@ class Session:
         self.conversation = Conversation(engines.llm, self.config.system_prompt)
         self.ledger = PlayoutLedger(engines.tts.sample_rate)
         self.echo = EchoGate(self.config.echo_suppression_db)
-        self._vad_config = VadConfig(min_silence_ms=self.config.end_of_turn_ms)
+        self._vad_config = self._vad_settings(VadConfig())
         self._listener: Listener | None = None
         self._resampler = Resampler(self.config.input_rate, RUNTIME_RATE)
         self._inbound: asyncio.Queue[tuple[AudioFrame, float]] = asyncio.Queue()  # with arrival time
@@ -168,6 +189,8 @@ class Session:
         self._items = itertools.count()
         self._times = TurnTimes()
         self._user_item = "item_none"
+        self._unanswered: list[str] = []  # user turns not answered yet (`respond`)
+        self._after_reply = False  # ... to be answered once the reply playing ends
         self._background: set[asyncio.Task[None]] = set()  # prefills and speculations
         self._input_errors: set[str] = set()
         self.barge_ins = 0
@@ -241,6 +264,23 @@ class Session:
             return
         await self._answer(text, TurnTimes(final=time.monotonic()))
 
+    def add_turn(self, text: str) -> None:
+        """A user turn (a Realtime text item, a committed audio buffer) that waits for
+        `respond`; a bad one is a `SessionError`."""
+        self.last_input = time.monotonic()
+        try:
+            self._unanswered.append(check_user_text(text))
+        except LlmError as e:
+            raise SessionError("bad_text", str(e)) from None
+
+    async def respond(self) -> None:
+        """Answer the user turns not answered yet: those of `add_turn`, and those heard
+        while ``answer_turns`` is off. A reply in progress ends first (cut as heard)."""
+        self.last_input = time.monotonic()
+        if not self._unanswered:
+            raise SessionError("no_input", "there is no new user input to respond to")
+        await self._answer("", TurnTimes(final=time.monotonic()))
+
     def dtmf(self, digit: str) -> None:
         """The caller pressed a key on the phone: told to the client as an event."""
         self.last_input = time.monotonic()
@@ -290,12 +330,18 @@ class Session:
             )
         self.config = replace(self.config, **changes)  # type: ignore[arg-type]
         self.echo.configure(self.config.echo_suppression_db)
-        self._vad_config = replace(self._vad_config, min_silence_ms=self.config.end_of_turn_ms)
+        self._vad_config = self._vad_settings(self._vad_config)
         if self._listener is not None:
             vad = self._listener.vad
-            vad.config = replace(vad.config, min_silence_ms=self.config.end_of_turn_ms)
+            vad.config = self._vad_settings(vad.config)
             self._quick_onsets(self._playing() is not None)
             self._listener.asr.word_times = self.config.word_times
+
+    def _vad_settings(self, vad: VadConfig) -> VadConfig:
+        c = self.config
+        return replace(
+            vad, min_silence_ms=c.end_of_turn_ms, threshold=c.vad_threshold, prefix_pad_ms=c.speech_prefix_ms
+        )
 
     def playback(self, stream_position: int) -> None:
         """The transport played the output stream up to this many samples."""
@@ -342,7 +388,7 @@ class Session:
         VAD can tell (`_check_echo` then confirms it as an interruption). A sound the VAD
         does not take for the caller within `QUICK_PAUSE_CONFIRM_S` was a false alarm:
         the reply goes on, and for a while only the VAD may pause it."""
-        if not self.config.quick_pause:
+        if not (self.config.quick_pause and self.config.barge_in):
             return
         level = level_db(samples)
         self._levels.append(level)
@@ -389,9 +435,15 @@ class Session:
                 self._emit(ev.TRANSCRIPT_DELTA, item_id=self._user_item, delta=event.result.text)
                 committed = " ".join(w.text for w in event.result.committed)
                 if committed and self._response is None:
-                    self._prefill(committed)
+                    self._prefill("\n".join([*self._unanswered, committed]))
         elif kind is ListenEventKind.PAUSED:
-            if self.config.speculative_replies and self._interruption is None and self._response is None:
+            c = self.config
+            if (
+                c.speculative_replies
+                and c.answer_turns
+                and self._interruption is None
+                and self._response is None
+            ):
                 self._speculate()
         elif kind is ListenEventKind.SPEECH_STOPPED:
             self._times.speech_end = self._arrival(event.position)
@@ -436,8 +488,11 @@ class Session:
             self._utterance_start = caller_start
             self._listener.restart(caller_start)
         self._echo_utterance = False
-        if response is None:  # no reply playing (it ended, or is still being thought): a new turn
-            await self._end_response()
+        if response is None or not self.config.barge_in:
+            # no reply playing (it ended, or is still being thought), or one the caller
+            # cannot cut: a new turn, answered when the reply has played
+            if response is None:
+                await self._end_response()
             self._times = TurnTimes()
             self._begin_user_turn(self._utterance_start)
             return
@@ -497,15 +552,21 @@ class Session:
     def _resume_if_echo(self, pending: Interruption, response: Response) -> bool:
         """If the words of this interruption are the reply's own, come back over the line,
         the reply resumes (True): the gate let a loud echo through."""
+        if not self._echoes(pending.words, response):
+            return False
+        self._interruption = None
+        self._resume()
+        return True
+
+    def _echoes(self, words: str, response: Response) -> bool:
+        """Are these words, heard over the reply, its own last ones come back?"""
         turn = self.ledger.turn(response.id)
         back = int(ECHO_TEXT_S * self.ledger.sample_rate)
         earlier = turn.heard_text(max(0, turn.sent - back))
-        if not is_echo_of(pending.words, turn.heard_text(turn.sent)[len(earlier) :]):
+        if not is_echo_of(words, turn.heard_text(turn.sent)[len(earlier) :]):
             return False
-        log.info("session %s: %r over the reply was its echo", self.id, pending.words)
-        self._interruption = None
+        log.info("session %s: %r over the reply was its echo", self.id, words)
         metrics.ECHOES_HEARD.inc()
-        self._resume()
         return True
 
     async def _barge_in(self, pending: Interruption) -> None:
@@ -539,11 +600,18 @@ class Session:
             if self._response is not None and self._resume_if_echo(pending, self._response):
                 return
             await self._barge_in(pending)
+        response = self._response if not self.config.barge_in else None  # still playing
+        over_reply = response is not None
+        if text and response is not None and self._echoes(text, response):
+            text = ""  # the reply's echo, taken for the caller: no turn
         self._transcript_done(text, event)
-        if text:
+        if text and (over_reply or not self.config.answer_turns):
+            self._unanswered.append(text)
+            self._after_reply = self._after_reply or (over_reply and self.config.answer_turns)
+        elif text:
             await self._answer(text, self._times)
-        elif self._response is None:
-            self.machine.to(State.LISTENING)
+            return
+        self.machine.to(State.RESPONDING if self._response is not None else State.LISTENING)
 
     def _transcript_done(self, text: str, event: ListenEvent) -> None:
         if not self.config.word_times or event.result is None:
@@ -583,11 +651,14 @@ class Session:
         return response if response is not None and response.times.first_sent is not None else None
 
     async def _answer(self, text: str, times: TurnTimes) -> None:
-        """Reply to a user turn. A reply still in progress ends first (cut as heard):
-        text input and speech come from different tasks, and either may have begun one
-        while the other waited."""
+        """Reply to a user turn, and to the turns before it not answered yet. A reply
+        still in progress ends first (cut as heard): text input and speech come from
+        different tasks, and either may have begun one while the other waited."""
         while self._response is not None:
             await self._end_response()
+        text = "\n".join([*self._unanswered, text]).strip()
+        self._unanswered.clear()
+        self._after_reply = False
         self._respond(text, times)
 
     def _respond(self, text: str, times: TurnTimes, held: bool = False) -> None:
@@ -700,6 +771,10 @@ class Session:
                 break
         if response.synthesized and self._response is response:
             await self._finish(response, "completed")
+            if (
+                self._after_reply and self._unanswered and self.state is State.LISTENING
+            ):  # heard over it, now answered
+                await self._answer("", TurnTimes(final=time.monotonic()))
 
     async def _finish(self, response: Response, status: str) -> None:
         """The reply ended (played out, or cut): tell the client, listen again."""

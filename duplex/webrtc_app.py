@@ -12,7 +12,8 @@ On the ``events`` data channel the server sends every session event as JSON
 
 - ``{"type": "input_text", "text": "..."}``: a user turn as text;
 - ``{"type": "cancel"}``: stop the reply in progress (kept as far as it was heard);
-- ``{"type": "config", ...}``: change turn-taking settings (`Session.configure`).
+- ``{"type": "config", ...}``: change turn-taking settings (`Session.configure`);
+- ``{"type": "respond"}``: answer the turns held while ``answer_turns`` is false.
 
 The peer connection and the session close together, whichever goes first.
 """
@@ -210,6 +211,8 @@ class WebRtcEndpoint:
                 await session.push_text(message["text"])
             elif kind == "cancel":
                 await session.cancel()
+            elif kind == "respond":
+                await session.respond()
             elif kind == "config":
                 session.configure({k: v for k, v in message.items() if k != "type"})
             else:

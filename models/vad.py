@@ -14,13 +14,13 @@ Decisions per window, as in Silero's own iterator, with hysteresis:
 A candidate becomes ``speech_start`` once speech has lasted ``min_speech_ms``; a pause
 becomes ``speech_end`` once it has lasted ``min_silence_ms``. Positions are sample
 indices in the session's 16 kHz stream: a start at the first speech window (less
-``speech_pad_ms``), an end where the pause began, less Silero's lag in noticing it
-(``end_lag_ms``, two windows: measured on our synthesized speech, the first window
-below the silence threshold starts 36-62 ms after the last sample above -40 dB), plus
-``speech_pad_ms``. A ``pause``
-event announces a pause once it has lasted ``pause_ms`` (shorter than
-``min_silence_ms``), so that later stages can start work that a ``speech_end`` at the
-same position will confirm; commas and breaths, which are shorter, do not trigger it.
+``speech_pad_ms``, or ``prefix_pad_ms`` when set), an end where the pause began, less
+Silero's lag in noticing it (``end_lag_ms``, two windows: measured on our synthesized
+speech, the first window below the silence threshold starts 36-62 ms after the last
+sample above -40 dB), plus ``speech_pad_ms``. A ``pause`` event announces a pause once
+it has lasted ``pause_ms`` (shorter than ``min_silence_ms``), so that later stages can
+start work that a ``speech_end`` at the same position will confirm; commas and breaths,
+which are shorter, do not trigger it.
 """
 
 from __future__ import annotations
@@ -63,13 +63,15 @@ class VadConfig:
     min_speech_ms: int = 96
     min_silence_ms: int = 400
     speech_pad_ms: int = 30
+    prefix_pad_ms: int | None = None  # kept before a start instead of speech_pad_ms (Realtime's prefix)
     pause_ms: int = 192  # silence before a PAUSE event (commas and breaths are shorter)
     end_lag_ms: int = 64  # Silero's probability stays high this long after speech ends
 
     def __post_init__(self) -> None:
         if not 0.15 < self.threshold < 1.0:
             raise ValueError("VAD threshold must be within (0.15, 1)")
-        if min(self.min_speech_ms, self.min_silence_ms, self.speech_pad_ms, self.pause_ms) < 0:
+        pads = (self.speech_pad_ms, self.prefix_pad_ms or 0)
+        if min(self.min_speech_ms, self.min_silence_ms, self.pause_ms, *pads) < 0:
             raise ValueError("VAD durations must not be negative")
         if self.pause_ms > self.min_silence_ms:
             raise ValueError("pause_ms must not exceed min_silence_ms")
@@ -117,7 +119,8 @@ class VadStream:
         cfg = self.config
         min_speech = cfg.min_speech_ms * SAMPLE_RATE // 1000
         min_silence = cfg.min_silence_ms * SAMPLE_RATE // 1000
-        pad = cfg.speech_pad_ms * SAMPLE_RATE // 1000
+        prefix = cfg.speech_pad_ms if cfg.prefix_pad_ms is None else cfg.prefix_pad_ms
+        pad = prefix * SAMPLE_RATE // 1000
         window_end = window_start + WINDOW
         if prob >= cfg.threshold:
             self.pause = None

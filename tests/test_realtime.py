@@ -14,6 +14,7 @@ import pytest_asyncio
 from aiohttp.test_utils import TestServer
 from openai import AsyncOpenAI
 
+from audio_io.g711 import ulaw_decode, ulaw_encode
 from audio_io.pcm import RUNTIME_RATE
 from audio_io.resample import resample
 from duplex.config import Config
@@ -68,10 +69,22 @@ def pcm24(samples_16k: np.ndarray) -> bytes:
     return resample(samples_16k, RUNTIME_RATE, 24000).astype("<i2").tobytes()
 
 
-async def talk(conn: Any, audio: bytes, seconds_of_silence: float = 1.5) -> None:
-    """Append audio in 100 ms chunks in real time, then silence."""
-    audio += bytes(int(seconds_of_silence * 24000) * 2)
-    chunk = 4800  # 100 ms of PCM16 at 24 kHz
+async def events_for(conn: Any, seconds: float) -> list[Any]:
+    """Every event that comes within ``seconds``."""
+    seen: list[Any] = []
+    try:
+        async with asyncio.timeout(seconds):
+            async for event in conn:
+                seen.append(event)
+    except TimeoutError:
+        pass
+    return seen
+
+
+async def talk(conn: Any, audio: bytes, seconds_of_silence: float = 1.5, ulaw: bool = False) -> None:
+    """Append audio (PCM16 24 kHz, or μ-law 8 kHz) in 100 ms chunks in real time, then silence."""
+    audio += (b"\xff" if ulaw else b"\x00\x00") * int(seconds_of_silence * (8000 if ulaw else 24000))
+    chunk = 800 if ulaw else 4800  # 100 ms
     for i in range(0, len(audio), chunk):
         await conn.input_audio_buffer.append(audio=base64.b64encode(audio[i : i + chunk]).decode())
         await asyncio.sleep(0.1)
@@ -144,8 +157,17 @@ async def test_text_in_audio_out_and_a_truncate_reaches_the_next_reply(served):
 
 async def test_bad_events_get_error_events_and_the_socket_stays_open(served):
     client, sessions = served
-    async with client.realtime.connect(model="duplex") as conn:
+    async with (
+        client.realtime.connect(model="duplex") as conn,
+        client.realtime.connect(model="duplex") as other,
+    ):
         await conn.recv()
+        await other.recv()
+        await other.conversation.item.create(
+            item={"type": "message", "role": "user",
+                  "content": [{"type": "input_text", "text": "Tell me a short story about a cat."}]}
+        )  # fmt: skip
+        await other.response.create()
         append = "input_audio_buffer.append"
         bad = [
             ("{not json", "invalid_json"),
@@ -178,6 +200,10 @@ async def test_bad_events_get_error_events_and_the_socket_stays_open(served):
         assert codes == [code for _, code in bad]
         await conn.session.update(session={"type": "realtime", "instructions": "Still here."})
         assert (await conn.recv()).type == "session.updated"
+        beside = await events_until(other, "response.done")  # the other session was not disturbed
+    assert not [e for e in beside if e.type == "error"]
+    assert [e for e in beside if e.type == "response.done"][0].response.status == "completed"
+    assert sum(e.type == "response.output_audio.delta" for e in beside) >= 50
     await closed(sessions)
 
 
@@ -203,3 +229,70 @@ async def test_manual_turns_commit_then_response_create(served, tts_engine):
     assert wer([(QUESTION, final.transcript)]) <= 0.2
     assert [e for e in seen if e.type == "response.done"][0].response.status == "completed"
     assert any(e.type == "response.output_audio.delta" for e in seen)
+
+
+async def test_mulaw_audio_and_turns_held_for_response_create(served, tts_engine, asr_engine):
+    client, sessions = served
+    vad = {"type": "server_vad", "create_response": False, "threshold": 0.6, "prefix_padding_ms": 200}
+    async with client.realtime.connect(model="duplex") as conn:
+        await conn.recv()
+        ulaw = {"type": "audio/pcmu"}
+        await conn.session.update(
+            session={
+                "type": "realtime",
+                "audio": {"input": {"format": ulaw, "turn_detection": vad}, "output": {"format": ulaw}},
+            }
+        )
+        updated = await conn.recv()
+        assert updated.session.audio.output.format.type == "audio/pcmu"
+        assert updated.session.audio.input.turn_detection.create_response is False
+        (session,) = sessions._open
+        assert session.config.vad_threshold == 0.6 and session.config.speech_prefix_ms == 200
+        question = ulaw_encode(resample(speech(tts_engine, QUESTION), RUNTIME_RATE, 8000)).tobytes()
+        await talk(conn, question, ulaw=True)
+        seen = await events_until(conn, "conversation.item.input_audio_transcription.completed")
+        seen += await events_for(conn, 1.5)
+        assert not [e for e in seen if e.type.startswith("response.")]  # held for response.create
+        await conn.response.create()
+        seen += await events_until(conn, "response.done")
+    (final,) = [e for e in seen if e.type == "conversation.item.input_audio_transcription.completed"]
+    assert wer([(QUESTION, final.transcript)]) <= 0.2
+    (done,) = [e for e in seen if e.type == "response.done"]
+    transcript = done.response.output[0].content[0].transcript
+    assert done.response.status == "completed" and "Pacific" in transcript
+    audio = b"".join(base64.b64decode(e.delta) for e in seen if e.type == "response.output_audio.delta")
+    samples = resample(ulaw_decode(audio), 8000, RUNTIME_RATE)
+    assert samples.size / RUNTIME_RATE >= 1.0
+    assert wer([(transcript, asr_engine.transcribe(samples))]) <= 0.3
+    await closed(sessions)
+
+
+async def test_without_interrupt_response_the_reply_plays_on_and_the_caller_is_answered_after(
+    served, tts_engine
+):
+    client, sessions = served
+    vad = {"type": "server_vad", "interrupt_response": False}
+    async with client.realtime.connect(model="duplex") as conn:
+        await conn.recv()
+        await conn.session.update(session={"type": "realtime", "audio": {"input": {"turn_detection": vad}}})
+        await conn.recv()
+        await conn.conversation.item.create(
+            item={"type": "message", "role": "user",
+                  "content": [{"type": "input_text", "text": "Tell me a short story about a cat."}]}
+        )  # fmt: skip
+        await conn.response.create()
+        seen = await events_until(conn, "response.output_audio.delta", count=25)  # 0.5 s of it
+        talking = asyncio.create_task(talk(conn, pcm24(speech(tts_engine, QUESTION)), 6.0))
+        seen += await events_until(conn, "response.done", count=2, within=90)
+        talking.cancel()
+    kinds = [e.type for e in seen]
+    assert "input_audio_buffer.speech_started" in kinds
+    first, second = [e for e in seen if e.type == "response.done"]
+    assert first.response.status == second.response.status == "completed"
+    assert "conversation.item.truncated" not in kinds
+    heard = kinds.index("conversation.item.input_audio_transcription.completed")
+    assert (
+        heard < kinds.index("response.done") < [i for i, k in enumerate(kinds) if k == "response.created"][1]
+    )
+    assert "Pacific" in second.response.output[0].content[0].transcript
+    await closed(sessions)

@@ -68,11 +68,6 @@ def test_an_update_changes_what_it_names_and_reports_the_whole_session():
             "invalid_value",
             None,
         ),
-        (
-            {"audio": {"input": {"turn_detection": {"type": "server_vad", "create_response": False}}}},
-            "unsupported",
-            None,
-        ),
         ({"audio": {"output": {"voice": 7}}}, "invalid_value", "session.audio.output.voice"),
         ({"tools": [{"type": "function", "name": "f"}]}, "unsupported", "session.tools"),
         ({"teleport": True}, "unknown_parameter", "session.teleport"),

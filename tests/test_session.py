@@ -9,7 +9,7 @@ import pytest
 
 from audio_io.pcm import RUNTIME_RATE
 from duplex import events as ev
-from duplex.caller import Silence, Speak, UntilHeard, UntilReplyDone, VirtualCaller
+from duplex.caller import Silence, Speak, Step, UntilHeard, UntilReplyDone, VirtualCaller
 from duplex.events import SessionError
 from duplex.session import Session, SessionConfig
 from duplex.state import State
@@ -320,3 +320,65 @@ async def test_text_turns_that_race_each_other_are_answered_in_turn(engines):
     statuses = [e.data["status"] for e in caller.of_type(ev.RESPONSE_DONE)]
     assert statuses == ["cancelled", "completed"]
     assert not caller.of_type(ev.ERROR)
+
+
+async def until_events(caller: VirtualCaller, kind: str, count: int, within: float = 40.0) -> None:
+    async with asyncio.timeout(within):
+        while len(caller.of_type(kind)) < count:  # noqa: ASYNC110 (the caller records; nothing to await)
+            await asyncio.sleep(0.02)
+
+
+async def test_with_barge_in_off_the_reply_plays_on_and_words_over_it_are_answered_after(engines, tts_engine):
+    caller = VirtualCaller()
+    session = Session(engines, caller, SessionConfig(barge_in=False))
+    await session.start()
+    ask = speech(tts_engine, "Please tell me a short story about a cat.")
+    over = speech(tts_engine, "What is two plus two?")
+    try:
+        timeline: list[Step] = [
+            Silence(0.3),
+            Speak(ask),
+            UntilHeard(1.0),
+            Speak(over),
+            Silence(1.5),
+            UntilReplyDone(40),
+        ]
+        await caller.play(session, timeline)
+        await until_events(caller, ev.RESPONSE_DONE, 2)
+    finally:
+        await session.close()
+    first, second = caller.of_type(ev.RESPONSE_DONE)
+    assert first.data["status"] == second.data["status"] == "completed"
+    assert not caller.flushes and session.barge_ins == 0 and not caller.of_type(ev.TRUNCATED)
+    asked, heard_over = caller.of_type(ev.TRANSCRIPT_DONE)
+    assert "plus" in heard_over.data["transcript"].lower()
+    assert heard_over.at < first.at  # heard while the reply played ...
+    assert caller.of_type(ev.RESPONSE_CREATED)[1].at >= first.at  # ... answered once it ended
+    messages = session.conversation.messages()
+    assert messages[2]["content"] == session.ledger.turn(first.data["response_id"]).text  # all of it
+    assert "plus" in messages[3]["content"].lower()
+
+
+async def test_with_answer_turns_off_a_turn_waits_until_respond(engines, tts_engine):
+    caller = VirtualCaller()
+    session = Session(engines, caller, SessionConfig(answer_turns=False))
+    await session.start()
+    question = speech(tts_engine, "What is the capital city of France?")
+    try:
+        await caller.play(session, [Silence(0.3), Speak(question), Silence(1.5)])
+        assert caller.of_type(ev.TRANSCRIPT_DONE) and not caller.of_type(ev.RESPONSE_CREATED)
+        assert session.state is State.LISTENING
+        with pytest.raises(SessionError) as bad:
+            session.add_turn("   ")
+        assert bad.value.code == "bad_text"
+        session.add_turn("Answer in one word.")
+        await session.respond()
+        await until_events(caller, ev.RESPONSE_DONE, 1)
+        with pytest.raises(SessionError) as nothing:
+            await session.respond()  # everything was answered
+        assert nothing.value.code == "no_input"
+    finally:
+        await session.close()
+    user = session.conversation.messages()[1]["content"]
+    assert "capital" in user.lower() and user.endswith("Answer in one word.")
+    assert "Paris" in session.conversation.messages()[2]["content"]

@@ -63,6 +63,15 @@ async def test_min_speech_filters_short_blips(vad_engine, speech_set):
     assert await run_vad(vad_engine, audio, 320, VadConfig(min_speech_ms=96))
 
 
+async def test_prefix_padding_moves_only_the_start(vad_engine, speech_set):
+    audio, _ = timeline(speech_set, 1)
+    plain = await run_vad(vad_engine, audio, 320)
+    padded = await run_vad(vad_engine, audio, 320, VadConfig(prefix_pad_ms=300))
+    assert [e.kind for e in padded] == [e.kind for e in plain]
+    assert plain[0].position - padded[0].position == (300 - 30) * 16
+    assert [e.position for e in padded[1:]] == [e.position for e in plain[1:]]
+
+
 async def test_silence_and_zeros_give_no_events(vad_engine):
     assert await run_vad(vad_engine, np.zeros(32000, np.int16), 320) == []
     assert await vad_engine.stream().push(np.zeros(0, np.int16)) == []
