@@ -771,10 +771,8 @@ class Session:
                 break
         if response.synthesized and self._response is response:
             await self._finish(response, "completed")
-            if (
-                self._after_reply and self._unanswered and self.state is State.LISTENING
-            ):  # heard over it, now answered
-                await self._answer("", TurnTimes(final=time.monotonic()))
+            if self._after_reply and self._unanswered and self.state is State.LISTENING:
+                await self._answer("", TurnTimes(final=time.monotonic()))  # words heard over it
 
     async def _finish(self, response: Response, status: str) -> None:
         """The reply ended (played out, or cut): tell the client, listen again."""
