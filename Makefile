@@ -15,6 +15,11 @@ ARGS ?=
 KEY := $(shell cat pyproject.toml Makefile tests/e2e/package-lock.json | sha256sum | cut -c1-12)-$(EXTRA)
 STAMP_SERVE := $(VENV)/.stamp-serve-$(KEY)
 STAMP_TEST := $(VENV)/.stamp-test-$(KEY)
+STAMP_BENCH := $(VENV)/.stamp-bench-$(KEY)
+# llama.cpp for `duplex bench ar-cpu`, built for this kind of CPU (AVX-512, no AMX: with
+# AMX on, llama.cpp 0.3.36's AMX matmul segfaults here); ~7 minutes on 2 cores
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON \
+  -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
 # gRPC stubs: build output, generated from proto/duplex.proto, never committed
 PROTO_GEN := audio_io/_proto
 PROTO_STUBS := $(PROTO_GEN)/duplex_pb2_grpc.py
@@ -39,18 +44,19 @@ define apt_install
 	fi
 endef
 
-.PHONY: serve test bench lint typecheck pytest setup setup-test prepare clean-venv
+.PHONY: serve test bench lint typecheck pytest setup setup-test setup-bench prepare clean-venv
 
 serve: setup prepare
 	$(VENV)/bin/duplex serve $(ARGS)
 
 test: setup-test prepare lint typecheck pytest
 
-bench: setup-test prepare
+bench: setup-bench prepare
 	$(PY) -m benchmarks.run
 
 setup: $(STAMP_SERVE) $(PROTO_STUBS)
 setup-test: $(STAMP_TEST) $(PROTO_STUBS)
+setup-bench: $(STAMP_BENCH) $(PROTO_STUBS)
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -79,6 +85,11 @@ $(STAMP_TEST): $(STAMP_SERVE)
 	npm ci --prefix tests/e2e --no-audit --no-fund
 	$(PIP) install -e '.[test]'
 	rm -f $(VENV)/.stamp-test-*
+	touch $@
+
+$(STAMP_BENCH): $(STAMP_TEST)
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) install -e '.[bench]'
+	rm -f $(VENV)/.stamp-bench-*
 	touch $@
 
 $(PROTO_STUBS): proto/duplex.proto $(STAMP_SERVE)

@@ -2,6 +2,7 @@
 
 from benchmarks import (
     bench_ar,
+    bench_ar_cpu,
     bench_audio_core,
     bench_conversation,
     bench_endpoint,
@@ -16,6 +17,7 @@ def main() -> None:
         bench_prepare,
         bench_speech,
         bench_ar,
+        bench_ar_cpu,
         bench_conversation,
         bench_endpoint,
     ):

@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
             "log_level",
         ),
     )
-    bench.add_argument("stage", choices=("asr", "tts", "ar", "conversation", "endpoint"))
+    bench.add_argument("stage", choices=("asr", "tts", "ar", "ar-cpu", "conversation", "endpoint"))
     bench.add_argument("--sessions", default="1,4,8", help="concurrent sessions to measure, comma-separated")
     bench.add_argument("--quick", action="store_true", help="fewer repetitions (for smoke tests)")
     bench.add_argument(

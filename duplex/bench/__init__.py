@@ -14,6 +14,10 @@ def run_bench(config: Config, args: argparse.Namespace) -> int:
         from duplex.bench.ar import bench_ar
 
         result = bench_ar(config, sessions, quick=args.quick)
+    elif args.stage == "ar-cpu":
+        from duplex.bench.ar_cpu import bench_ar_cpu
+
+        result = bench_ar_cpu(config, quick=args.quick)
     elif args.stage == "conversation":
         from duplex.bench.conversation import bench_conversation
 
