@@ -33,6 +33,7 @@ from audio_io.frame import AudioFrame, Int16Array
 from audio_io.g711 import decode_wire, encode_wire
 from audio_io.resample import FrameResampler, Resampler
 from duplex import events as ev
+from duplex import ws_session
 from duplex.config import Config
 from duplex.events import Event, SessionError
 from duplex.realtime_session import FORMATS, RealtimeError, RealtimeSessionConfig
@@ -57,10 +58,6 @@ def _decode(audio: bytes, kind: str) -> Int16Array:
         return decode_wire(audio, LAWS[kind])
     except ValueError:
         raise RealtimeError("PCM16 audio must be whole 16-bit samples.", param="audio") from None
-
-
-def _encode(samples: Int16Array, kind: str) -> bytes:
-    return encode_wire(samples, LAWS[kind])
 
 
 def _user_message(item_id: str, part: dict[str, Any]) -> dict[str, Any]:
@@ -93,7 +90,8 @@ class RealtimeSink:
             self._delta(response_id, samples)
 
     def _delta(self, response_id: str, samples: Int16Array) -> None:
-        data = base64.b64encode(_encode(samples, self.connection.config.output_format["type"])).decode()
+        law = LAWS[self.connection.config.output_format["type"]]
+        data = base64.b64encode(encode_wire(samples, law)).decode()
         self.connection.send("response.output_audio.delta", **self.connection.part(response_id), delta=data)
 
     def flush(self) -> None:
@@ -498,7 +496,7 @@ class RealtimeEndpoint:
         connection.apply_turn_detection()  # the API's defaults, as session.created shows them
         connection.send("session.created", session=settings.as_dict())
         writer = asyncio.create_task(connection.writer(), name=f"{session.id}-realtime-send")
-        closer = asyncio.create_task(self._close_with(session, ws), name=f"{session.id}-realtime-close")
+        closer = ws_session.hang_up_when_closed(session, ws, f"{session.id}-realtime-close")
         try:
             async for msg in ws:
                 if msg.type == WSMsgType.TEXT:
@@ -508,14 +506,5 @@ class RealtimeEndpoint:
                 elif msg.type == WSMsgType.ERROR:
                     break
         finally:
-            # shielded: aiohttp cancels the handler when the client drops the connection
-            await asyncio.shield(self._end(session, ws, writer, closer))
+            await ws_session.end(self.sessions, session, ws, writer, closer)
         return ws
-
-    async def _end(self, session: Session, ws: web.WebSocketResponse, *tasks: asyncio.Task[None]) -> None:
-        await self.sessions.close_with(session, *tasks)
-        await ws.close()
-
-    async def _close_with(self, session: Session, ws: web.WebSocketResponse) -> None:
-        await session.closed.wait()
-        await ws.close(code=WSCloseCode.GOING_AWAY, message=b"session ended")

@@ -600,14 +600,13 @@ class Session:
             if self._response is not None and self._resume_if_echo(pending, self._response):
                 return
             await self._barge_in(pending)
-        response = self._response if not self.config.barge_in else None  # still playing
-        over_reply = response is not None
-        if text and response is not None and self._echoes(text, response):
+        over = self._response if not self.config.barge_in else None  # the reply it came over
+        if text and over is not None and self._echoes(text, over):
             text = ""  # the reply's echo, taken for the caller: no turn
         self._transcript_done(text, event)
-        if text and (over_reply or not self.config.answer_turns):
+        if text and (over is not None or not self.config.answer_turns):
             self._unanswered.append(text)
-            self._after_reply = self._after_reply or (over_reply and self.config.answer_turns)
+            self._after_reply = self._after_reply or (over is not None and self.config.answer_turns)
         elif text:
             await self._answer(text, self._times)
             return

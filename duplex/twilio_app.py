@@ -37,6 +37,7 @@ from audio_io.frame import AudioFrame, Int16Array
 from audio_io.g711 import ulaw_decode, ulaw_encode
 from audio_io.resample import FrameResampler
 from duplex import events as ev
+from duplex import ws_session
 from duplex.config import Config
 from duplex.events import Event, SessionError
 from duplex.session import Session, SessionConfig
@@ -243,23 +244,13 @@ class TwilioEndpoint:
         self.calls[start.stream_sid] = session
         log.info("twilio call %s (stream %s): session %s", start.call_sid, start.stream_sid, session.id)
         writer = asyncio.create_task(outbox.send_to(ws), name=f"{session.id}-twilio-send")
-        closer = asyncio.create_task(self._close_with(session, ws), name=f"{session.id}-twilio-close")
+        closer = ws_session.hang_up_when_closed(session, ws, f"{session.id}-twilio-close")
         try:
             await self._media(ws, session, sink)
         finally:
             self.calls.pop(start.stream_sid, None)
-            # shielded: aiohttp cancels the handler when the provider drops the connection
-            await asyncio.shield(self._end(session, ws, writer, closer))
+            await ws_session.end(self.sessions, session, ws, writer, closer)
             log.info("twilio call %s: ended", start.call_sid)
-
-    async def _end(self, session: Session, ws: web.WebSocketResponse, *tasks: asyncio.Task[None]) -> None:
-        await self.sessions.close_with(session, *tasks)
-        await ws.close()
-
-    async def _close_with(self, session: Session, ws: web.WebSocketResponse) -> None:
-        """The session ended first (idle timeout, shutdown): hang up."""
-        await session.closed.wait()
-        await ws.close(code=WSCloseCode.GOING_AWAY, message=b"session ended")
 
     async def _media(self, ws: web.WebSocketResponse, session: Session, sink: TwilioSink) -> None:
         bad = 0

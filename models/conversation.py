@@ -79,8 +79,7 @@ class Conversation:
         assert engine.chat_format is not None, "start the engine before making conversations"
         self.engine = engine
         self.format = engine.chat_format
-        self.system_prompt = engine.config.system_prompt if system_prompt is None else system_prompt
-        self._system = self.format.system(self.system_prompt)
+        self.set_system_prompt(system_prompt)
         self._user_open = self.format.user_open()
         self._user_close = self.format.user_close()
         self._assistant_close = self.format.assistant_close()

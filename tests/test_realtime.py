@@ -81,6 +81,13 @@ async def events_for(conn: Any, seconds: float) -> list[Any]:
     return seen
 
 
+async def ask_in_text(conn: Any, text: str) -> None:
+    """A user text item, then ``response.create``."""
+    item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+    await conn.conversation.item.create(item=item)
+    await conn.response.create()
+
+
 async def talk(conn: Any, audio: bytes, seconds_of_silence: float = 1.5, ulaw: bool = False) -> None:
     """Append audio (PCM16 24 kHz, or μ-law 8 kHz) in 100 ms chunks in real time, then silence."""
     audio += (b"\xff" if ulaw else b"\x00\x00") * int(seconds_of_silence * (8000 if ulaw else 24000))
@@ -131,11 +138,7 @@ async def test_text_in_audio_out_and_a_truncate_reaches_the_next_reply(served):
     client, sessions = served
     async with client.realtime.connect(model="duplex") as conn:
         await conn.recv()
-        await conn.conversation.item.create(
-            item={"type": "message", "role": "user",
-                  "content": [{"type": "input_text", "text": "Tell me a long story about a dragon."}]}
-        )  # fmt: skip
-        await conn.response.create()
+        await ask_in_text(conn, "Tell me a long story about a dragon.")
         seen = await events_until(conn, "response.output_audio.delta", count=50)  # 1 s of it
         item_id = next(e.item_id for e in seen if e.type == "response.output_audio.delta")
         await conn.response.cancel()
@@ -163,11 +166,7 @@ async def test_bad_events_get_error_events_and_the_socket_stays_open(served):
     ):
         await conn.recv()
         await other.recv()
-        await other.conversation.item.create(
-            item={"type": "message", "role": "user",
-                  "content": [{"type": "input_text", "text": "Tell me a short story about a cat."}]}
-        )  # fmt: skip
-        await other.response.create()
+        await ask_in_text(other, "Tell me a short story about a cat.")
         append = "input_audio_buffer.append"
         bad = [
             ("{not json", "invalid_json"),
@@ -276,11 +275,7 @@ async def test_without_interrupt_response_the_reply_plays_on_and_the_caller_is_a
         await conn.recv()
         await conn.session.update(session={"type": "realtime", "audio": {"input": {"turn_detection": vad}}})
         await conn.recv()
-        await conn.conversation.item.create(
-            item={"type": "message", "role": "user",
-                  "content": [{"type": "input_text", "text": "Tell me a short story about a cat."}]}
-        )  # fmt: skip
-        await conn.response.create()
+        await ask_in_text(conn, "Tell me a short story about a cat.")
         seen = await events_until(conn, "response.output_audio.delta", count=25)  # 0.5 s of it
         talking = asyncio.create_task(talk(conn, pcm24(speech(tts_engine, QUESTION)), 6.0))
         seen += await events_until(conn, "response.done", count=2, within=90)

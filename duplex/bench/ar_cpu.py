@@ -29,7 +29,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -231,7 +230,7 @@ def bench_ar_cpu(config: Config, quick: bool = False) -> dict[str, Any]:
     gguf = Path(resolve(ModelChoice("llm", config.llm))[0])
     if gguf.suffix != ".gguf":
         raise SystemExit("duplex bench ar-cpu compares with llama.cpp on a GGUF: --llm must be one")
-    llm_config: LlmConfig = replace(config.llm_config(llm.path), max_model_len=4096)
+    llm_config = config.llm_config(llm.path)
     result: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="ar-cpu-caches-") as caches:
         cold = _startup(llm_config, Path(caches))
