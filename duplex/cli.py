@@ -22,7 +22,17 @@ from models.cache import configure_engine_caches, default_cache_dir
 
 log = logging.getLogger("duplex")
 
-MODEL_KEYS = ("cache_dir", "vad", "asr", "voice", "llm", "llm_dtype", "log_level", "log_format")
+MODEL_KEYS = (
+    "cache_dir",
+    "vad",
+    "asr",
+    "voice",
+    "llm",
+    "llm_dtype",
+    "llm_quantization",
+    "log_level",
+    "log_format",
+)
 
 
 def _add_config_flags(parser: argparse.ArgumentParser, keys: Sequence[str]) -> None:
@@ -75,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
             "voice",
             "llm",
             "llm_dtype",
+            "llm_quantization",
+            "llm_execution",
             "llm_max_tokens",
             "cache_dir",
             "asr_workers",

@@ -23,6 +23,7 @@ ENV_PREFIX = "DUPLEX_"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
 LLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
+LLM_QUANTIZATIONS = ("auto", "int8", "int4", "none")
 
 
 class ConfigError(Exception):
@@ -52,7 +53,18 @@ class Config:
     llm_dtype: str = _opt(
         "auto", "LLM weights dtype in vLLM (auto: float32 on CPU, bfloat16 on GPU)", choices=LLM_DTYPES
     )
-    llm_kv_cache_gib: float = _opt(1.0, "KV cache size on CPU, GiB (VLLM_CPU_KVCACHE_SPACE)")
+    llm_quantization: str = _opt(
+        "auto",
+        "LLM weights of a GGUF model on vLLM's CPU kernels: int8 (W8A8), int4 (W4A8: faster, "
+        "less accurate), none (full weights); auto: int8 on a CPU with AMX",
+        choices=LLM_QUANTIZATIONS,
+    )
+    llm_execution: str = _opt(
+        "compiled",
+        "compiled: torch.compile (a first start ~2 min, later starts load the cache), or eager",
+        choices=("compiled", "eager"),
+    )
+    llm_kv_cache_gib: float = _opt(1.0, "KV cache size on CPU, GiB")
     llm_gpu_memory_fraction: float = _opt(0.5, "share of GPU memory vLLM may take, on GPUs")
     llm_max_context: int = _opt(4096, "tokens of conversation the LLM keeps (older turns are dropped)")
     llm_max_tokens: int = _opt(96, "longest reply in tokens (spoken replies are short)")
@@ -114,6 +126,7 @@ class Config:
         return LlmConfig(
             model=model_path,
             dtype=self.llm_dtype,
+            enforce_eager=self.llm_execution == "eager",
             kv_cache_gib=self.llm_kv_cache_gib,
             gpu_memory_fraction=self.llm_gpu_memory_fraction,
             max_model_len=self.llm_max_context,

@@ -52,7 +52,7 @@ class Engines:
             )
             engines.append(tts)
             loaded("tts")
-            choice = ModelChoice("llm", config.llm)
+            choice = ModelChoice("llm", config.llm, config.llm_quantization)
             llm_path = (
                 await in_daemon_thread(lambda: prepare([choice], cache_dir, progress=False), "load-llm")
             )[0].path

@@ -46,7 +46,10 @@ COMPONENTS = {"vad": "vad", "asr": "asr", "voice": "tts", "llm": "llm"}
 
 
 def model_choices(config: Config) -> list[ModelChoice]:
-    return [ModelChoice(stage, getattr(config, stage)) for stage in STAGES]
+    return [
+        ModelChoice(stage, getattr(config, stage), config.llm_quantization if stage == "llm" else "none")
+        for stage in STAGES
+    ]
 
 
 class PrepareFailed(Exception):
@@ -125,6 +128,7 @@ class Service:
         for choice in model_choices(self.config):
             if choice.value is not None:
                 args += [f"--{choice.stage}", choice.value]
+        args += ["--llm-quantization", self.config.llm_quantization]
         log.info("preparing models (a GGUF LLM is converted once, ~30 s)")
         self._child = await asyncio.create_subprocess_exec(
             *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE

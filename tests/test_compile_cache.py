@@ -23,7 +23,7 @@ from models.llm import LlmConfig, LlmEngine
 from models.prepare import ModelChoice, prepare
 
 async def main():
-    (llm,) = prepare([ModelChoice("llm", None)], default_cache_dir(), progress=False)
+    (llm,) = prepare([ModelChoice("llm", None, "auto")], default_cache_dir(), progress=False)
     engine = LlmEngine(LlmConfig(model=llm.path, enforce_eager=False, max_model_len=1024, max_tokens=16))
     started = time.perf_counter()
     await engine.start()

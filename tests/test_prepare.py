@@ -9,6 +9,7 @@ import pytest
 from models.bundled import BUNDLED, BundledModel, ModelNotFoundError
 from models.convert import FORMAT_VERSION, SOURCE_FILE, is_converted, remove_stale_partials
 from models.prepare import ModelChoice, prepare
+from models.quantize import QUANTIZATIONS
 from tests.conftest import duplex_command
 
 
@@ -64,9 +65,9 @@ def fresh_cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("cache")
 
 
-def _prepare_json(cache: Path, env: dict[str, str]) -> dict[str, dict[str, str]]:
+def _prepare_json(cache: Path, env: dict[str, str], *args: str) -> dict[str, dict[str, str]]:
     result = subprocess.run(
-        duplex_command("prepare", "--json", "--cache-dir", str(cache)),
+        duplex_command("prepare", "--json", "--cache-dir", str(cache), *args),
         env=env,
         capture_output=True,
         text=True,
@@ -78,7 +79,7 @@ def _prepare_json(cache: Path, env: dict[str, str]) -> dict[str, dict[str, str]]
 
 @pytest.mark.slow
 def test_offline_preparation_converts_once_then_reuses(fresh_cache: Path, offline_env):
-    first = _prepare_json(fresh_cache, offline_env)
+    first = _prepare_json(fresh_cache, offline_env, "--llm-quantization", "none")
     llm = Path(first["llm"]["path"])
     assert first["llm"]["action"] == "converted"
     assert llm.parent == fresh_cache / "models"
@@ -88,11 +89,23 @@ def test_offline_preparation_converts_once_then_reuses(fresh_cache: Path, offlin
     weights = llm / "model.safetensors"
     before = weights.stat()
 
-    second = _prepare_json(fresh_cache, offline_env)
+    second = _prepare_json(fresh_cache, offline_env, "--llm-quantization", "none")
     assert second["llm"] == first["llm"] | {"action": "reused", "seconds": 0.0}
     after = weights.stat()
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)  # not rewritten
     assert not list(fresh_cache.glob("models/.*partial*"))
+
+    # quantized weights: each scheme written once from the conversion, beside it
+    for scheme in ("int8", "int4"):
+        made = _prepare_json(fresh_cache, offline_env, "--llm-quantization", scheme)["llm"]
+        assert (made["action"], made["quantization"]) == ("converted", scheme)
+        quantized = Path(made["path"])
+        assert quantized.parent == llm.parent and quantized.name.endswith(f"-{scheme}")
+        config = json.loads((quantized / "config.json").read_text())
+        assert config["quantization_config"] == QUANTIZATIONS[scheme]
+        again = _prepare_json(fresh_cache, offline_env, "--llm-quantization", scheme)["llm"]
+        assert again == made | {"action": "reused", "seconds": 0.0}
+    assert weights.stat().st_mtime_ns == before.st_mtime_ns
 
 
 @pytest.mark.slow

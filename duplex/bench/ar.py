@@ -138,7 +138,7 @@ async def _measure(llm: LlmConfig, sessions: list[int], prefix_caching: bool, qu
 def bench_ar(config: Config, sessions: list[int], quick: bool = False) -> dict[str, Any]:
     cache = default_cache_dir() if config.cache_dir is None else Path(config.cache_dir)
     configure_engine_caches(cache)
-    model = prepare([ModelChoice("llm", config.llm)], cache, progress=False)[0].path
+    model = prepare([ModelChoice("llm", config.llm, config.llm_quantization)], cache, progress=False)[0].path
     llm = config.llm_config(model)
     on = asyncio.run(_measure(llm, sessions, True, quick))
     off = asyncio.run(_measure(llm, sessions, False, quick))

