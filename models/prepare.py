@@ -113,14 +113,15 @@ def prepare(choices: list[ModelChoice], cache_dir: Path, progress: bool = True) 
     prepared = []
     for choice in choices:
         location, source = resolve(choice)
-        if source == "hub":
-            prepared.append(PreparedModel(choice.stage, str(location), source, "hub"))
-        elif choice.stage == "llm" and isinstance(location, Path) and location.suffix == ".gguf":
-            prepared.append(_prepare_gguf(location, source, cache_dir, progress, choice.quantization))
-        elif choice.stage == "llm" and choice.quantization not in ("auto", "none"):
+        gguf = isinstance(location, Path) and location.suffix == ".gguf"
+        if choice.stage == "llm" and choice.quantization not in ("auto", "none") and not gguf:
             raise ModelNotFoundError(
                 "llm", Path(str(location)), "quantized weights are made from a GGUF model; give a .gguf file"
             )
+        if source == "hub":
+            prepared.append(PreparedModel(choice.stage, str(location), source, "hub"))
+        elif choice.stage == "llm" and isinstance(location, Path) and gguf:
+            prepared.append(_prepare_gguf(location, source, cache_dir, progress, choice.quantization))
         else:
             prepared.append(PreparedModel(choice.stage, str(location), source, "found"))
     return prepared

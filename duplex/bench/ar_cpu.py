@@ -13,7 +13,7 @@ so that whatever else the machine does lands on both alike:
   their first over the time from the first sequence's first token to the last token;
 - ``startup_s``: the service's engine started in a new process, with empty vLLM and
   inductor caches (cold) and again with the caches the first start left (warm);
-- ``quality`` (4-bit weights only): greedy replies to 12 fixed prompts against the same
+- ``quality`` (quantized weights only): greedy replies to 12 fixed prompts against the same
   model in bf16 (`duplex.bench.quality`): exact matches, same first words, non-empty,
   English.
 
