@@ -1,5 +1,6 @@
 """`duplex serve` as a user runs it: a real process, real listeners, real signals."""
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -13,6 +14,7 @@ import psutil
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from models.quantize import amx_cpu_backend
 from tests.conftest import duplex_command, free_port
 
 pytestmark = pytest.mark.slow
@@ -71,7 +73,11 @@ class Server:
 
     def output(self) -> str:
         if self.proc.poll() is None:
+            self.note_descendants()
             self.proc.kill()
+        for pid in alive(self.descendants):  # a killed server leaves its engine core holding stdout
+            with contextlib.suppress(psutil.NoSuchProcess):
+                psutil.Process(pid).kill()
         if self._output is None:
             self._output = self.proc.communicate()[0]
         return self._output
@@ -103,7 +109,8 @@ def test_serve_becomes_ready_and_stops_cleanly_on_sigterm(offline_env):
         assert status == 200, body
         assert set(body["components"]) == {"vad", "asr", "tts", "llm"}
         assert all(c["state"] == "ready" for c in body["components"].values())
-        assert body["components"]["llm"]["detail"].endswith("SmolLM2-135M-Instruct.Q4_1-bf16")
+        weights = "int8" if amx_cpu_backend() else "bf16"  # llm_quantization auto
+        assert body["components"]["llm"]["detail"].endswith(f"SmolLM2-135M-Instruct.Q4_1-{weights}")
         assert grpc_health(server.grpc_port) == health_pb2.HealthCheckResponse.SERVING
         server.note_descendants()
         assert server.descendants, "the LLM's engine core runs in a child process"
