@@ -51,7 +51,9 @@ class Config:
     voice: str | None = _opt(None, "piper voice .onnx file, .onnx.json beside it (default: bundled joe)")
     llm: str | None = _opt(None, "LLM: Hugging Face directory, .gguf file, or hub id (default: SmolLM2-135M)")
     llm_dtype: str = _opt(
-        "auto", "LLM weights dtype in vLLM (auto: float32 on CPU, bfloat16 on GPU)", choices=LLM_DTYPES
+        "auto",
+        "LLM dtype in vLLM (auto: bfloat16 with quantized weights and on GPU, else float32 on CPU)",
+        choices=LLM_DTYPES,
     )
     llm_quantization: str = _opt(
         "auto",
