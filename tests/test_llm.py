@@ -1,6 +1,7 @@
 """The AR stage with real vLLM on CPU and the default model (one engine per test session)."""
 
 import asyncio
+import os
 import time
 
 import pytest
@@ -12,6 +13,8 @@ from models.llm import LlmError
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
 
 BLOCK = 32  # the CPU KV cache's block: prefix reuse is this granular
+OMP_VARIABLES = ("OMP_NUM_THREADS", "OMP_PLACES", "OMP_PROC_BIND", "GOMP_CPU_AFFINITY", "KMP_AFFINITY")
+ENVIRONMENT_AT_IMPORT = {name: os.environ.get(name) for name in OMP_VARIABLES}  # before any engine starts
 
 
 async def say(conversation: Conversation, text: str | bytes) -> str:
@@ -248,3 +251,30 @@ async def test_a_kv_budget_too_small_for_one_turn_is_refused_and_others_carry_on
     with pytest.raises(LlmError, match="holds 1280 tokens"):
         await over.start()
     assert "Paris" in await say(Conversation(llm_engine), "What is the capital of France?")
+
+
+def _descendants(pid: int) -> list[int]:
+    children = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            children += [int(c) for c in f.read().split()]
+    return children + [d for c in children for d in _descendants(c)]
+
+
+def _name(pid: int) -> str:
+    with open(f"/proc/{pid}/comm") as f:
+        return f.read().strip()
+
+
+async def test_the_model_runs_in_the_engine_core_bound_as_vllm_binds_a_worker(llm_engine):
+    """One process, vLLM's engine core, holds the model (no worker process), on the CPUs
+    vLLM's own binding gives a worker; the environment it was started with is restored."""
+    from vllm.utils.ompmultiprocessing import OMPProcessManager
+
+    names = {pid: _name(pid) for pid in _descendants(os.getpid())}
+    cores = [pid for pid, name in names.items() if name.startswith("VLLM::EngineCor")]
+    assert cores, names  # this session's engine, and any other test's still running
+    assert not [name for name in names.values() if "Worker" in name], names
+    binding = OMPProcessManager(llm_engine._engine.vllm_config).cpu_lists[0]
+    assert all(os.sched_getaffinity(core) == set(binding) for core in cores)
+    assert {name: os.environ.get(name) for name in OMP_VARIABLES} == ENVIRONMENT_AT_IMPORT
