@@ -79,12 +79,24 @@ def test_committed_words_carry_ordered_timestamps(streamed):
                 assert times[-1][1] <= event.result.audio_end
 
 
+def within_one_word(a: str, b: str) -> bool:
+    """At most one word differs, counting a word split in two ("after noon" for
+    "afternoon", which Whisper writes either way on windows 90 ms apart) as one."""
+    return word_errors(a, b)[0] <= 1 or "".join(normalize(a)) == "".join(normalize(b))
+
+
+def test_a_split_word_is_one_word_of_difference():
+    assert within_one_word("at the office yesterday afternoon.", "at the office yesterday after noon.")
+    assert within_one_word("left my umbrella", "left my umbrellas")
+    assert not within_one_word("left my umbrella", "left her umbrellas")
+    assert not within_one_word("yesterday afternoon", "yes today after noon")
+
+
 @pytest.mark.slow
 def test_streaming_final_is_within_one_word_of_one_shot(asr_engine, speech_set, streamed):
     for utterance, events in zip(speech_set, streamed, strict=True):
         one_shot = asr_engine.transcribe(np.concatenate([GAP, utterance.audio, GAP]))
-        errors, _ = word_errors(one_shot, finals(events))
-        assert errors <= 1, (one_shot, finals(events))
+        assert within_one_word(one_shot, finals(events)), (one_shot, finals(events))
 
 
 @pytest.mark.slow
