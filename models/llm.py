@@ -305,8 +305,9 @@ def _model_in_engine_core(args: Any, stat_loggers: list[Any]) -> AsyncLLM:
     Here the engine core gets them itself: vLLM's own binding (`OMPProcessManager`, from
     ``VLLM_CPU_OMP_THREADS_BIND``) is put in the environment it is spawned with, then
     restored. One process fewer to start and import vLLM in (a warm start went from
-    ~25 s to ~19 s, interleaved), and no shared-memory queue between the scheduler and the model on
-    every step; the core vLLM reserves for the scheduler is left to the service.
+    ~25 s to ~19 s, interleaved), and no shared-memory queue between the scheduler and
+    the model on every step; the core vLLM reserves for the scheduler is left to the
+    service.
     """
     from vllm.utils.ompmultiprocessing import OMPProcessManager
     from vllm.v1.engine.async_llm import AsyncLLM
