@@ -253,25 +253,13 @@ async def test_a_kv_budget_too_small_for_one_turn_is_refused_and_others_carry_on
     assert "Paris" in await say(Conversation(llm_engine), "What is the capital of France?")
 
 
-def _descendants(pid: int) -> list[int]:
-    children = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/children") as f:
-            children += [int(c) for c in f.read().split()]
-    return children + [d for c in children for d in _descendants(c)]
-
-
-def _name(pid: int) -> str:
-    with open(f"/proc/{pid}/comm") as f:
-        return f.read().strip()
-
-
 async def test_the_model_runs_in_the_engine_core_bound_as_vllm_binds_a_worker(llm_engine):
     """One process, vLLM's engine core, holds the model (no worker process), on the CPUs
     vLLM's own binding gives a worker; the environment it was started with is restored."""
+    import psutil
     from vllm.utils.ompmultiprocessing import OMPProcessManager
 
-    names = {pid: _name(pid) for pid in _descendants(os.getpid())}
+    names = {p.pid: p.name() for p in psutil.Process().children(recursive=True)}
     cores = [pid for pid, name in names.items() if name.startswith("VLLM::EngineCor")]
     assert cores, names  # this session's engine, and any other test's still running
     assert not [name for name in names.values() if "Worker" in name], names
