@@ -179,7 +179,6 @@ class Session:
         self._inbound_s = 0.0
         self._listen_task: asyncio.Task[None] | None = None
         self._response: Response | None = None
-        self._last_reply = ""  # the reply that is the conversation's last turn
         self._interruption: Interruption | None = None
         self._echo_utterance = False  # the utterance in progress is the assistant's echo
         self._utterance_start = 0  # stream position of the caller's speech start
@@ -315,9 +314,7 @@ class Session:
         rate = self.ledger.sample_rate
         kept = self.ledger.truncate(response_id, max(0, audio_end_ms) * rate // 1000)
         heard = self.ledger.heard_text(response_id)
-        turns = self.conversation.turns
-        if turns and turns[-1].reply_text.startswith(heard) and self._last_reply == response_id:
-            self.conversation.truncate(heard)
+        self.conversation.truncate(response_id, heard)
         return kept * 1000 // rate
 
     def configure(self, changes: dict[str, object]) -> None:
@@ -714,16 +711,12 @@ class Session:
     async def _drop(self, response: Response) -> None:
         """The caller went on: the held reply goes, leaving no trace in the conversation."""
         await self._stop_work(response)
-        if response.in_conversation:
-            self.conversation.retract()
-            self._last_reply = ""
+        self.conversation.retract(response.id)
         self._response = None
 
     async def _generate(self, response: Response, text: str) -> None:
         try:
-            async for delta in self.conversation.reply(text):
-                response.in_conversation = True
-                self._last_reply = response.id
+            async for delta in self.conversation.reply(text, response.id):
                 if response.times.first_token is None:
                     response.times.first_token = time.monotonic()
                 self.ledger.turn(response.id).add_text(delta)
@@ -791,8 +784,7 @@ class Session:
         await self._finish(response, "cancelled")
         self.ledger.discard_unsent(response.id)
         heard = self.ledger.heard_text(response.id)
-        if response.in_conversation:
-            self.conversation.truncate(heard)
+        self.conversation.truncate(response.id, heard)
         self._emit(
             ev.TRUNCATED,
             item_id=response.item_id,

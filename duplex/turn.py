@@ -83,7 +83,6 @@ class Response:
     times: TurnTimes
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     synthesized: bool = False  # TTS has produced every frame
-    in_conversation: bool = False  # the conversation holds this reply as its last turn
     user_text: str = ""
     held: bool = False  # speculative: begun at a pause, silent and unannounced until confirmed
     held_events: list[Event] = field(default_factory=list)

@@ -38,6 +38,7 @@ MAX_USER_CHARS = 4000  # ~1,000 tokens: more than anyone says in one breath
 class Turn:
     user_text: str
     user_tokens: list[int]
+    id: str = ""  # the caller's name for the reply that began this turn (a response id)
     reply_text: str = ""
     reply_tokens: list[int] = field(default_factory=list)
 
@@ -196,11 +197,14 @@ class Conversation:
                 pass
             return stats
 
-    async def reply(self, user_text: str | bytes) -> AsyncIterator[str]:
+    async def reply(self, user_text: str | bytes, turn_id: str = "") -> AsyncIterator[str]:
         """Add the user's turn and stream the reply's text deltas.
 
-        The reply is recorded as it streams, so an interrupted reply is in the
-        history as far as it got (until `truncate` cuts it to what was heard).
+        The turn is recorded, under ``turn_id``, before the first token is asked for,
+        and the reply as it streams, so an interrupted reply is in the history as far
+        as it got (until `truncate` cuts it to what was heard). Whoever stops a reply
+        names it by ``turn_id`` (`retract`, `truncate`): whether it got as far as being
+        recorded, or a first token, is the conversation's business.
         """
         text = check_user_text(user_text)
         tokens = self.format.encode(text)
@@ -208,7 +212,7 @@ class Conversation:
         async with self._lock:
             self._make_room(tokens)
             prompt = self._prompt(tokens)
-            turn = Turn(text, tokens)
+            turn = Turn(text, tokens, turn_id)
             self.turns.append(turn)
             self.last = TurnStats()
             self._replying = True
@@ -229,18 +233,28 @@ class Conversation:
         if self._replying and self._stream is not None:
             await self.engine.abort(self._stream.request_id)
 
-    def retract(self) -> None:
-        """Forget the last turn, question and reply (a reply begun speculatively, at a
-        pause the caller then talked through); the KV follows at the next turn."""
-        assert self.turns, "retract without a turn"
-        self.turns.pop()
+    def last_turn(self, turn_id: str) -> Turn | None:
+        """The last turn, if the reply ``turn_id`` began it (earlier turns are settled:
+        changing one would re-prefill everything after it)."""
+        return self.turns[-1] if self.turns and self.turns[-1].id == turn_id else None
 
-    def truncate(self, heard_text: str) -> None:
-        """Cut the last reply to the text the caller heard (a prefix of what was generated)."""
-        assert self.turns, "truncate without a reply"
-        turn = self.turns[-1]
+    def retract(self, turn_id: str) -> bool:
+        """Forget the turn the reply ``turn_id`` began, question and reply (a reply begun
+        speculatively, at a pause the caller then talked through), if it was recorded;
+        the KV follows at the next turn. Whether it was."""
+        if self.last_turn(turn_id) is None:
+            return False
+        self.turns.pop()
+        return True
+
+    def truncate(self, turn_id: str, heard_text: str) -> bool:
+        """Cut the reply ``turn_id`` to the text the caller heard, if it is the last turn
+        and the text a prefix of it (a reply is cut shorter, never lengthened). Whether
+        it was cut."""
+        turn = self.last_turn(turn_id)
         heard = heard_text.rstrip()
-        assert turn.reply_text.startswith(heard), "heard text is not a prefix of the reply"
+        if turn is None or not turn.reply_text.startswith(heard):
+            return False
         # keep the generated tokens that fit inside the heard text, so their KV is reused
         keep = 0
         tokenizer = self.engine.tokenizer
@@ -251,3 +265,4 @@ class Conversation:
         kept_text = tokenizer.decode(turn.reply_tokens[:keep], skip_special_tokens=True)
         turn.reply_tokens = turn.reply_tokens[:keep] + self.format.encode(heard[len(kept_text) :])
         turn.reply_text = heard
+        return True

@@ -1,6 +1,7 @@
 """The AR stage with real vLLM on CPU and the default model (one engine per test session)."""
 
 import asyncio
+import contextlib
 import os
 import time
 
@@ -8,6 +9,7 @@ import pytest
 import pytest_asyncio
 
 from models.conversation import MAX_USER_CHARS, Conversation
+from models.kv_stream import KvStream
 from models.llm import LlmError
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
@@ -17,8 +19,8 @@ OMP_VARIABLES = ("OMP_NUM_THREADS", "OMP_PLACES", "OMP_PROC_BIND", "GOMP_CPU_AFF
 ENVIRONMENT_AT_IMPORT = {name: os.environ.get(name) for name in OMP_VARIABLES}  # before any engine starts
 
 
-async def say(conversation: Conversation, text: str | bytes) -> str:
-    return "".join([delta async for delta in conversation.reply(text)])
+async def say(conversation: Conversation, text: str | bytes, turn_id: str = "") -> str:
+    return "".join([delta async for delta in conversation.reply(text, turn_id)])
 
 
 def template_tokens(conversation: Conversation, generation_prompt: bool = False) -> list[int]:
@@ -142,10 +144,13 @@ async def test_abort_stops_the_stream_at_once_and_the_conversation_goes_on(llm_e
 
 async def test_truncation_makes_the_next_prompt_exactly_the_cut_history(llm_engine):
     conversation = Conversation(llm_engine)
-    reply = await say(conversation, "Tell me about the weather in Paris in spring.")
+    reply = await say(conversation, "Tell me about the weather in Paris in spring.", "r1")
     heard = reply[: len(reply) // 2]
     before = conversation.history_tokens()
-    conversation.truncate(heard)
+    assert not conversation.truncate("r0", heard)  # not the reply that is the last turn
+    assert conversation.history_tokens() == before
+    assert conversation.truncate("r1", heard)
+    assert not conversation.truncate("r1", reply)  # a cut reply is never lengthened again
     after = conversation.history_tokens()
     common = next(i for i, (a, b) in enumerate(zip(before, after, strict=False)) if a != b)
     assert conversation.turns[-1].reply_text == heard.rstrip()
@@ -157,6 +162,48 @@ async def test_truncation_makes_the_next_prompt_exactly_the_cut_history(llm_engi
     assert conversation.messages()[2]["content"] == heard.rstrip()
     # the KV up to the cut is reused (to the cache's block granularity)
     assert conversation.last.cached_tokens >= common - BLOCK + 1, (conversation.last, common)
+
+
+async def test_a_reply_dropped_before_its_first_token_leaves_no_trace(llm_engine, monkeypatch):
+    """A reply stopped between its turn being recorded and its first token (a speculative
+    reply the caller talked through): retracted by its id, the history is as if it never
+    began, and the next turn's prompt is exactly a fresh conversation's."""
+    conversation = Conversation(llm_engine)
+    await say(conversation, "Hello, my name is Ana.", "r1")
+    history = conversation.history_tokens()
+    reached = asyncio.Event()
+    real_run = KvStream.run
+
+    async def held(stream, chunk, max_tokens, ignore_eos=False):
+        reached.set()
+        await asyncio.Event().wait()  # no token ever comes: the reply is dropped here
+        async for delta in real_run(stream, chunk, max_tokens, ignore_eos):
+            yield delta  # pragma: no cover
+
+    monkeypatch.setattr(KvStream, "run", held)
+    task = asyncio.create_task(say(conversation, "What is the capital", "r2"))
+    await reached.wait()
+    assert conversation.last_turn("r2") is not None  # recorded, and no token yet
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    monkeypatch.undo()
+    assert not conversation.retract("r1")  # only the last turn, by its own id
+    assert conversation.retract("r2")
+    assert not conversation.retract("r2")
+    assert conversation.history_tokens() == history
+    fresh = Conversation(llm_engine)
+    await say(fresh, "Hello, my name is Ana.")
+    assert conversation.prompt_for("Paris?") == fresh.prompt_for("Paris?")
+    assert "Paris" in await say(conversation, "What is the capital of France?", "r3")
+    assert [m["role"] for m in conversation.messages()] == [
+        "system",
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+    ]
+    assert conversation.history_tokens() == template_tokens(conversation)  # token for token
 
 
 async def test_concurrent_sessions_never_see_each_others_text(llm_engine):

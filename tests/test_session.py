@@ -14,6 +14,7 @@ from duplex.events import SessionError
 from duplex.session import Session, SessionConfig
 from duplex.state import State
 from duplex.turn import is_backchannel
+from models.kv_stream import KvStream
 from tests.conftest import speech
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
@@ -45,6 +46,43 @@ A_TURN = [
     ev.RESPONSE_CREATED,
     ev.AUDIO_DELTA,
 ]
+
+
+async def test_a_held_reply_dropped_before_its_first_token_leaves_no_trace(engines, tts_engine, monkeypatch):
+    """The caller pauses (a reply begins, silently), then goes on: the reply is dropped
+    while it waits for its first token, and the conversation holds the one whole turn."""
+    held: list[list[int]] = []
+    dropped = asyncio.Event()
+    real_run = KvStream.run
+
+    async def run(stream, chunk, max_tokens, ignore_eos=False):
+        if max_tokens > 1 and not dropped.is_set():  # a reply (prefills take one token)
+            held.append(chunk)
+            try:
+                await asyncio.Event().wait()  # its first token never comes
+            except asyncio.CancelledError:
+                dropped.set()
+                raise
+        async for delta in real_run(stream, chunk, max_tokens, ignore_eos):
+            yield delta
+
+    monkeypatch.setattr(KvStream, "run", run)
+    first = speech(tts_engine, "What is the capital city")
+    rest = speech(tts_engine, "of France?")
+    # a pause long enough to begin a held reply, short of the end of the turn
+    session, caller = await converse(
+        engines,
+        [Silence(0.3), Speak(first), Silence(1.0), Speak(rest), UntilReplyDone(timeout=30, after=0.3)],
+        end_of_turn_ms=2000,
+    )
+    assert held and dropped.is_set()  # a held reply was dropped before its first token
+    assert len(caller.of_type(ev.RESPONSE_CREATED)) == 1  # and nobody heard of it
+    reply = "".join(e.data["delta"] for e in caller.of_type(ev.TEXT_DELTA))
+    messages = session.conversation.messages()
+    assert [m["role"] for m in messages] == ["system", "user", "assistant"]
+    (heard,) = caller.of_type(ev.TRANSCRIPT_DONE)  # the whole turn, once: not its first words too
+    assert messages[1]["content"] == heard.data["transcript"] and "capital" in heard.data["transcript"]
+    assert reply and messages[2]["content"] == reply
 
 
 async def test_a_normal_turn_in_order(engines, tts_engine):
