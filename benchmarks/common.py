@@ -18,6 +18,8 @@ import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from models.cpu_variant import cpu_description
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -26,6 +28,7 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "machine": platform.machine(),
         "cpus": os.cpu_count(),
+        "cpu": cpu_description(),  # model, kind and kernel flags: figures compare within one
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 

@@ -3,6 +3,7 @@
 from benchmarks import (
     bench_ar,
     bench_ar_cpu,
+    bench_ar_variants,
     bench_audio_core,
     bench_conversation,
     bench_endpoint,
@@ -18,6 +19,7 @@ def main() -> None:
         bench_speech,
         bench_ar,
         bench_ar_cpu,
+        bench_ar_variants,
         bench_conversation,
         bench_endpoint,
     ):

@@ -93,9 +93,16 @@ def build_parser() -> argparse.ArgumentParser:
             "log_level",
         ),
     )
-    bench.add_argument("stage", choices=("asr", "tts", "ar", "ar-cpu", "conversation", "endpoint"))
+    bench.add_argument(
+        "stage", choices=("asr", "tts", "ar", "ar-cpu", "ar-variants", "conversation", "endpoint")
+    )
     bench.add_argument("--sessions", default="1,4,8", help="concurrent sessions to measure, comma-separated")
     bench.add_argument("--quick", action="store_true", help="fewer repetitions (for smoke tests)")
+    bench.add_argument(
+        "--variants",
+        default="",
+        help="ar-variants: only these, comma-separated (e.g. none-float32-compiled,int8-bfloat16-eager)",
+    )
     bench.add_argument(
         "--utterances",
         nargs="+",

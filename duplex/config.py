@@ -52,19 +52,20 @@ class Config:
     llm: str | None = _opt(None, "LLM: Hugging Face directory, .gguf file, or hub id (default: SmolLM2-135M)")
     llm_dtype: str = _opt(
         "auto",
-        "LLM dtype in vLLM (auto: bfloat16 with quantized weights and on GPU, else float32 on CPU)",
+        "LLM dtype in vLLM (auto: bfloat16 with quantized weights and on GPU; on CPU, by the CPU's kind)",
         choices=LLM_DTYPES,
     )
     llm_quantization: str = _opt(
         "auto",
         "LLM weights of a GGUF model on vLLM's CPU kernels: int8 (W8A8), int4 (W4A8: faster, "
-        "less accurate), none (full weights); auto: int8 on a CPU with AMX",
+        "less accurate), none (full weights); auto: the fastest right on this kind of CPU",
         choices=LLM_QUANTIZATIONS,
     )
     llm_execution: str = _opt(
-        "compiled",
-        "compiled: torch.compile (a first start ~2 min, later starts load the cache), or eager",
-        choices=("compiled", "eager"),
+        "auto",
+        "compiled: torch.compile (a first start ~2 min, later starts load the cache), or eager; "
+        "auto: compiled on GPU, on CPU by the CPU's kind",
+        choices=("auto", "compiled", "eager"),
     )
     llm_kv_cache_gib: float = _opt(1.0, "KV cache size on CPU, GiB")
     llm_gpu_memory_fraction: float = _opt(0.5, "share of GPU memory vLLM may take, on GPUs")
@@ -121,6 +122,17 @@ class Config:
         """The host as it appears in a URL or a gRPC address (IPv6 in brackets)."""
         return f"[{self.host}]" if ":" in self.host else self.host
 
+    def llm_eager(self, model_path: str) -> bool:
+        """Eager execution, by choice or where it was measured faster (`models.cpu_variant`)."""
+        from models.cpu_variant import choose, cpu_backend
+        from models.quantize import weights_of
+
+        if self.llm_execution != "auto":
+            return self.llm_execution == "eager"
+        if not cpu_backend():
+            return False
+        return choose(weights_of(model_path), self.llm_dtype, "auto").execution == "eager"
+
     def llm_config(self, model_path: str) -> LlmConfig:
         """The AR stage's settings, for a prepared model directory."""
         from models.llm import DEFAULT_SYSTEM_PROMPT, LlmConfig
@@ -128,7 +140,7 @@ class Config:
         return LlmConfig(
             model=model_path,
             dtype=self.llm_dtype,
-            enforce_eager=self.llm_execution == "eager",
+            enforce_eager=self.llm_eager(model_path),
             kv_cache_gib=self.llm_kv_cache_gib,
             gpu_memory_fraction=self.llm_gpu_memory_fraction,
             max_model_len=self.llm_max_context,

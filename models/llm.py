@@ -8,8 +8,9 @@ on the CPU the model runs in the engine core's process (`_model_in_engine_core`)
 
 The model is compiled by default: a first start compiles (~100-115 s on the 2-core
 machine) and saves the graph in the engine cache, later starts load it (~19 s; see
-`models.vllm_shims`). On a CPU with AMX, the bundled model runs with int8 weights
-(`models.quantize`). Decode speed on CPU is measured by ``duplex bench ar-cpu``.
+`models.vllm_shims`). On the CPU, the weights (`models.quantize`), dtype and execution
+are what `models.cpu_variant` found fastest and right on this kind of CPU (``duplex
+bench ar-variants``); decode against llama.cpp is measured by ``duplex bench ar-cpu``.
 
 Each session keeps its KV in a resumable request (`models.kv_stream.KvStream`); prefix
 caching is on as well, so a stream that had to be restarted (after a truncation, a
@@ -55,7 +56,7 @@ class LlmError(Exception):
 @dataclass(frozen=True)
 class LlmConfig:
     model: str
-    dtype: str = "auto"  # bfloat16 for 4-bit weights and on GPU, else float32 on CPU (models/verify.py)
+    dtype: str = "auto"  # bfloat16 for quantized weights and on GPU, else by CPU (models/verify.py)
     kv_cache_gib: float = 1.0  # CPU: vLLM's kv_cache_memory_bytes
     gpu_memory_fraction: float = 0.5  # GPU: gpu_memory_utilization
     max_model_len: int = 4096
@@ -130,7 +131,9 @@ class LlmEngine:
         from models.verify import resolve_dtype
 
         self.is_cpu = current_platform.is_cpu()
-        dtype = resolve_dtype(self.config.dtype, self.config.model)
+        dtype = resolve_dtype(
+            self.config.dtype, self.config.model, "eager" if self.config.enforce_eager else "compiled"
+        )
         if self.is_cpu:
             self._check_kv_budget(dtype)
         args = AsyncEngineArgs(

@@ -8,7 +8,7 @@ files each engine needs, and a missing one names the model and the path tried.
 A GGUF LLM (the bundled one, or one given by path) is converted once into
 ``<cache>/models/<name>-bf16``; later runs find the conversion and reuse it. With
 quantized weights chosen (`ModelChoice.quantization`: ``int8`` or ``int4``; ``auto`` is
-int8 on vLLM's CPU backend with AMX, see `models.quantize`), ``<cache>/models/<name>-int8``
+what was measured fastest and right on this kind of CPU, `models.cpu_variant`), ``<cache>/models/<name>-int8``
 (or ``-int4``) is written once from that conversion and is what the engine loads.
 """
 
@@ -26,7 +26,8 @@ from models.convert import (
     remove_stale_partials,
     source_fingerprint,
 )
-from models.quantize import QUANTIZATIONS, amx_cpu_backend, quantizable, quantize_checkpoint
+from models.cpu_variant import cpu_backend, default_variant
+from models.quantize import QUANTIZATIONS, quantizable, quantize_checkpoint
 
 STAGES = ("vad", "asr", "voice", "llm")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -143,7 +144,8 @@ def _prepare_gguf(
                 # they can read; say which file, not a traceback.
                 raise ModelNotFoundError("llm", gguf, f"cannot convert this GGUF: {e}") from e
     if quantization == "auto":
-        quantization = "int8" if amx_cpu_backend() and quantizable(out) else "none"
+        # what runs fastest, and right, on this CPU (models.cpu_variant)
+        quantization = default_variant().weights if cpu_backend() and quantizable(out) else "none"
     if quantization != "none":
         if not quantizable(out):
             raise ModelNotFoundError(

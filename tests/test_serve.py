@@ -14,7 +14,7 @@ import psutil
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from models.quantize import amx_cpu_backend
+from models.cpu_variant import default_variant
 from tests.conftest import duplex_command, free_port
 
 pytestmark = pytest.mark.slow
@@ -119,7 +119,7 @@ def test_serve_becomes_ready_and_stops_cleanly_on_sigterm(offline_env):
         assert status == 200, body
         assert set(body["components"]) == {"vad", "asr", "tts", "llm"}
         assert all(c["state"] == "ready" for c in body["components"].values())
-        weights = "int8" if amx_cpu_backend() else "bf16"  # llm_quantization auto
+        weights = {"none": "bf16"}.get(default_variant().weights, default_variant().weights)  # auto
         assert body["components"]["llm"]["detail"].endswith(f"SmolLM2-135M-Instruct.Q4_1-{weights}")
         assert grpc_health(server.grpc_port) == health_pb2.HealthCheckResponse.SERVING
         server.note_descendants()

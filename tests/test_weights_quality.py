@@ -1,4 +1,4 @@
-"""The service's LLM weights (4-bit on a CPU with AMX) against the same model in bf16:
+"""The service's LLM weights (as `auto` runs them on this CPU) against the same model in bf16:
 greedy replies to 12 fixed prompts, without speech in the loop."""
 
 import pytest

@@ -18,6 +18,11 @@ def run_bench(config: Config, args: argparse.Namespace) -> int:
         from duplex.bench.ar_cpu import bench_ar_cpu
 
         result = bench_ar_cpu(config, quick=args.quick)
+    elif args.stage == "ar-variants":
+        from duplex.bench.ar_variants import bench_ar_variants
+
+        only = [v for v in args.variants.split(",") if v.strip()]
+        result = bench_ar_variants(config, quick=args.quick, only=only)
     elif args.stage == "conversation":
         from duplex.bench.conversation import bench_conversation
 

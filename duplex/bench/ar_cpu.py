@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import dataclasses
+import inspect
 import json
 import os
 import statistics
@@ -40,6 +41,7 @@ import numpy as np
 from duplex.bench.quality import agreement, greedy_replies
 from duplex.config import Config
 from models.cache import configure_engine_caches, default_cache_dir
+from models.cpu_variant import cpu_description
 from models.llm import LlmConfig, LlmEngine
 from models.prepare import ModelChoice, prepare, resolve
 from models.verify import resolve_dtype
@@ -175,28 +177,30 @@ def _ratio(a: float, b: float) -> float:
     return round(a / b, 2) if b else 0.0
 
 
-async def _interleaved(vllm: Vllm, llama: LlamaCpp, tokenizer: Any, reps: int) -> dict[str, Any]:
+async def _interleaved(engines: dict[str, Any], tokenizer: Any, reps: int) -> dict[str, dict[str, float]]:
+    """Each figure from each engine in turn (A, B, A, B, ...), the median of ``reps``;
+    an engine's ``ttft_ms`` and ``decode`` may be coroutines (vLLM) or plain calls."""
     samples: dict[str, dict[str, list[float]]] = {}
 
-    def add(key: str, engine: str, value: float) -> None:
-        samples.setdefault(key, {"vllm": [], "llamacpp": []})[engine].append(value)
+    async def add(key: str, figure: Any) -> None:
+        for name, engine in engines.items():
+            value = figure(engine)
+            value = await value if inspect.isawaitable(value) else value
+            samples.setdefault(key, {e: [] for e in engines})[name].append(value)
 
     run = int(time.time())
     for rep in range(reps):
         for length in (40, 400):
             run += 1
             (prompt,) = _prompts(tokenizer, run, length)
-            add(f"ttft_{length}", "vllm", await vllm.ttft_ms(prompt))
-            add(f"ttft_{length}", "llamacpp", llama.ttft_ms(prompt))
+            await add(f"ttft_{length}", lambda e, p=prompt: e.ttft_ms(p))
         run += 1
         single = _prompts(tokenizer, run, 24)
-        add("decode", "vllm", await vllm.decode(single, DECODE_TOKENS))
-        add("decode", "llamacpp", llama.decode(single, DECODE_TOKENS))
+        await add("decode", lambda e, p=single: e.decode(p, DECODE_TOKENS))
         for n in (1, 4, 8):
             run += 1
             prompts = _prompts(tokenizer, run, 24, n)
-            add(f"batched_{n}", "vllm", await vllm.decode(prompts, BATCH_TOKENS))
-            add(f"batched_{n}", "llamacpp", llama.decode(prompts, BATCH_TOKENS))
+            await add(f"batched_{n}", lambda e, p=prompts: e.decode(p, BATCH_TOKENS))
         print(
             f"rep {rep + 1}/{reps}: "
             + json.dumps({k: {e: round(v[-1], 1) for e, v in s.items()} for k, s in samples.items()}),
@@ -204,6 +208,11 @@ async def _interleaved(vllm: Vllm, llama: LlamaCpp, tokenizer: Any, reps: int) -
             flush=True,
         )
     return {k: {e: round(statistics.median(v), 1) for e, v in s.items()} for k, s in samples.items()}
+
+
+async def measure_vllm(vllm: Vllm, tokenizer: Any, reps: int) -> dict[str, float]:
+    """The figures of `_interleaved` for the service's engine alone."""
+    return {k: v["vllm"] for k, v in (await _interleaved({"vllm": vllm}, tokenizer, reps)).items()}
 
 
 def _startup(llm: LlmConfig, caches: Path) -> float:
@@ -241,6 +250,7 @@ def bench_ar_cpu(config: Config, quick: bool = False) -> dict[str, Any]:
         cold = _startup(llm_config, Path(caches))
         warm = _startup(llm_config, Path(caches))
     result["startup_s"] = {"cold": cold, "warm": warm}
+    result["cpu"] = cpu_description()
 
     async def measure() -> dict[str, Any]:
         engine = LlmEngine(llm_config)
@@ -248,7 +258,8 @@ def bench_ar_cpu(config: Config, quick: bool = False) -> dict[str, Any]:
         threads = len(os.sched_getaffinity(0))
         llama = LlamaCpp(gguf, threads)
         try:
-            figures = await _interleaved(Vllm(engine), llama, engine.tokenizer, 1 if quick else 5)
+            engines = {"vllm": Vllm(engine), "llamacpp": llama}
+            figures: dict[str, Any] = await _interleaved(engines, engine.tokenizer, 1 if quick else 5)
             figures["replies"] = await greedy_replies(engine)
             return figures
         finally:
@@ -270,7 +281,9 @@ def bench_ar_cpu(config: Config, quick: bool = False) -> dict[str, Any]:
         "batched_8_over_1": {e: _ratio(m["batched_8"][e], m["batched_1"][e]) for e in ("vllm", "llamacpp")},
         "vllm_config": {
             "weights": llm.quantization,
-            "dtype": resolve_dtype(llm_config.dtype, llm_config.model),
+            "dtype": resolve_dtype(
+                llm_config.dtype, llm_config.model, "eager" if llm_config.enforce_eager else "compiled"
+            ),
             "enforce_eager": llm_config.enforce_eager,
         },
     }

@@ -36,6 +36,8 @@ from duplex.config import Config
 from duplex.engines import Engines
 from duplex.metrics import LoopLag
 from duplex.session import Session, SessionConfig
+from models.cpu_variant import cpu_description
+from models.verify import resolve_dtype
 
 QUESTIONS = ("What is the capital city of France?", "Name a big river in Europe.", "What do bees make?")
 STORY = "Please tell me a long story about a brave little dragon."
@@ -177,13 +179,23 @@ def with_engines(
 
     async def main() -> dict[str, Any]:
         engines = await Engines.start(config, deterministic_tts=True)
+        llm = engines.llm.config
         try:
-            return await body(engines)
+            return await body(engines) | {
+                "llm": {
+                    "model": os.path.basename(llm.model),
+                    "dtype": resolve_dtype(
+                        llm.dtype, llm.model, "eager" if llm.enforce_eager else "compiled"
+                    ),
+                    "execution": "eager" if llm.enforce_eager else "compiled",
+                }
+            }
         finally:
             engines.close()
 
     result = asyncio.run(main())
     result["method"] = method
+    result["cpu"] = cpu_description()
     return result
 
 

@@ -119,6 +119,17 @@ _FUNCTION_WORDS = frozenset(
 )
 OPENING_WORDS = 4  # replies "begin alike" when these many first words agree
 
+# What a reply to these prompts must say to be right (any of the words, as a word)
+FACTS: dict[str, tuple[str, ...]] = {
+    "What is the capital of France?": ("paris",),
+    "How many days are there in a week?": ("seven", "7"),
+    "What do bees make?": ("honey",),
+    "What is the largest ocean on Earth?": ("pacific",),
+    "What colour is the sky on a clear day?": ("blue",),
+    "What is two plus three?": ("five", "5"),
+    "Who wrote Romeo and Juliet?": ("shakespeare",),
+}
+
 
 def looks_english(text: str) -> bool:
     """Latin letters almost only, and an English function word among the first 12 words
@@ -169,3 +180,19 @@ def agreement(replies: list[str], reference: list[str]) -> Agreement:
         non_empty=sum(bool(r) for r in replies),
         english=sum(looks_english(r) for r in replies),
     )
+
+
+def facts_kept(replies: list[str], prompts: tuple[str, ...] = PROMPTS) -> int:
+    """How many replies to the `FACTS` prompts say the fact."""
+    kept = 0
+    for prompt, reply in zip(prompts, replies, strict=True):
+        words = set(re.findall(r"[a-z0-9]+", reply.lower()))
+        kept += prompt in FACTS and bool(words & set(FACTS[prompt]))
+    return kept
+
+
+def is_correct(replies: list[str], reference: list[str]) -> bool:
+    """A variant is correct when every reply is non-empty English and it keeps every fact
+    the reference keeps (reduced precision may word a reply otherwise, not lose facts)."""
+    a = agreement(replies, reference)
+    return a.non_empty == a.english == a.prompts and facts_kept(replies) >= facts_kept(reference)
