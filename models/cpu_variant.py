@@ -2,9 +2,10 @@
 of its activations and compiled or eager execution, chosen from figures.
 
 vLLM's CPU kernels depend on the instructions the CPU has, and so does which variant is
-fastest, or even right: on a Xeon with AMX int8 weights (SGL's AMX kernels) decode 3.4x
-faster than float32, while on an AMD EPYC without AMX the same float32 engine was 5x
-faster than there. ``duplex bench ar-variants`` measures every variant on a machine;
+fastest, or even right: on a Xeon with AMX, int8 weights (SGL's AMX kernels) decode 3.4x
+faster than float32 eager; on an AMD EPYC without AMX, compiled int8 is faster still but
+loses a fact, and bfloat16 is the fastest right one (1.8x float32), while float16, as
+fast in decode, prefills 9x slower. ``duplex bench ar-variants`` measures every variant;
 `MEASURED` keeps, for each kind of CPU measured so far, the variants found correct there,
 fastest first (docs/performance.md has the figures). A CPU's kind is read from the flags
 that decide vLLM's kernels, never guessed from a model name:
@@ -97,24 +98,24 @@ MEASURED: dict[str, tuple[LlmVariant, ...]] = {
 SAFE = LlmVariant("none", "float32", "compiled")  # right wherever vLLM's CPU backend runs
 
 
+def _cpuinfo(key: str) -> str:
+    """The first CPU's ``key`` line in /proc/cpuinfo ("" where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            line = next((line for line in f if line.split(":", 1)[0].strip() == key), "")
+    except OSError:
+        return ""
+    return line.split(":", 1)[1].strip() if line else ""
+
+
 def cpu_flags() -> frozenset[str]:
     """The CPU's flags as Linux lists them (only those it enables: AMX needs the kernel's
     consent); empty where /proc/cpuinfo cannot be read."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            line = next((line for line in f if line.startswith("flags")), "")
-    except OSError:
-        return frozenset()
-    return frozenset(line.split(":", 1)[1].split()) if line else frozenset()
+    return frozenset(_cpuinfo("flags").split())
 
 
 def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            line = next((line for line in f if line.startswith("model name")), "")
-    except OSError:
-        line = ""
-    return line.split(":", 1)[1].strip() if line else platform.processor() or platform.machine()
+    return _cpuinfo("model name") or platform.processor() or platform.machine()
 
 
 def cpu_kind(flags: frozenset[str] | None = None) -> str:

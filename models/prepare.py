@@ -8,8 +8,9 @@ files each engine needs, and a missing one names the model and the path tried.
 A GGUF LLM (the bundled one, or one given by path) is converted once into
 ``<cache>/models/<name>-bf16``; later runs find the conversion and reuse it. With
 quantized weights chosen (`ModelChoice.quantization`: ``int8`` or ``int4``; ``auto`` is
-what was measured fastest and right on this kind of CPU, `models.cpu_variant`), ``<cache>/models/<name>-int8``
-(or ``-int4``) is written once from that conversion and is what the engine loads.
+what was measured fastest and right on this kind of CPU, `models.cpu_variant`),
+``<cache>/models/<name>-int8`` (or ``-int4``) is written once from that conversion and
+is what the engine loads.
 """
 
 from __future__ import annotations

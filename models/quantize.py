@@ -2,13 +2,15 @@
 
 Two schemes, each a checkpoint format vLLM reads natively:
 
-- ``int8`` (the default on a CPU with AMX, `models.cpu_variant`): compressed-tensors W8A8. Weights int8 with a
-  scale per output channel (symmetric), activations quantized to int8 per token at run
-  time; vLLM's `CPUInt8ScaledMMLinearKernel` runs them (SGL's AMX kernel, else oneDNN).
+- ``int8`` (the default on a CPU with AMX, `models.cpu_variant`): compressed-tensors
+  W8A8. Weights int8 with a scale per output channel (symmetric), activations quantized
+  to int8 per token at run time; vLLM's `CPUInt8ScaledMMLinearKernel` runs them (SGL's
+  AMX kernel, else oneDNN).
   The LM head stays bf16 and tied (compressed-tensors does not quantize it). On
   SmolLM2-135M its greedy replies stay close to bf16's (docs/performance.md).
 - ``int4``: GPTQ, 4-bit, symmetric, groups of 32, which `CPUWNA16LinearKernel` runs as
-  W4A8 (``int4_scaled_mm_cpu``) on a CPU with AMX. Its GPTQ route only takes
+  W4A8 (``int4_scaled_mm_cpu``) on a CPU with AMX, and as W4A16 (``cpu_gemm_wna16``)
+  without. Its GPTQ route only takes
   symmetric grids (``uint4b8``: zero point 8), so each group gets one scale s and codes
   q with w ≈ s·(q − 8); the scale is the one of `_SCALE_STEPS` candidates between
   max|w|/8.5 and max|w|/6 with the least squared error. The LM head is quantized too
