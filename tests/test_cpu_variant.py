@@ -41,6 +41,7 @@ def test_what_the_user_fixes_is_kept_and_the_rest_is_measured():
 
 
 def test_measured_variants_are_well_formed():
+    assert {"amx", "avx512_bf16"} <= MEASURED.keys() and all(MEASURED.values())
     for variants in MEASURED.values():
         assert len(set(variants)) == len(variants)
         for v in variants:
