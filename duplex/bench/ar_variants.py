@@ -94,12 +94,8 @@ async def _run_variant(config: Config, cache: Path, variant: LlmVariant, reps: i
 def bench_ar_variants(config: Config, quick: bool = False, only: list[str] | None = None) -> dict[str, Any]:
     cache = default_cache_dir() if config.cache_dir is None else Path(config.cache_dir)
     configure_engine_caches(cache)
-    variants = [v for v in VARIANTS if not only or v.name in only]
-    if REFERENCE not in variants:
-        variants.insert(0, REFERENCE)
-    else:  # the reference first: the others are judged against it as they come
-        variants.remove(REFERENCE)
-        variants.insert(0, REFERENCE)
+    # the reference first, always: the others are judged against it as they come
+    variants = [REFERENCE, *(v for v in VARIANTS if v != REFERENCE and (not only or v.name in only))]
     results: dict[str, dict[str, Any]] = {}
     reference: dict[str, Any] = {}
     for variant in variants:
@@ -110,6 +106,8 @@ def bench_ar_variants(config: Config, quick: bool = False, only: list[str] | Non
                 asyncio.run(_run_variant(config, cache, variant, 0))
             result = asyncio.run(_run_variant(config, cache, variant, 1 if quick else 3))
         except Exception as e:  # a variant that fails here is a finding
+            if variant == REFERENCE:
+                raise SystemExit(f"the reference {variant.name} failed, nothing to judge against: {e}") from e
             results[variant.name] = {"error": f"{type(e).__name__}: {e}"[:500], "correct": False}
             print(f"variant {variant.name} failed: {e}", file=sys.stderr, flush=True)
             continue
