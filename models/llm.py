@@ -66,6 +66,16 @@ class LlmConfig:
     enforce_eager: bool = False
     kv_blocks: int | None = None  # a fixed number of KV blocks instead of a memory size (tests)
 
+    @property
+    def execution(self) -> str:
+        return "eager" if self.enforce_eager else "compiled"
+
+    def resolved_dtype(self) -> str:
+        """The dtype vLLM gets for these weights and this execution (`models.verify`)."""
+        from models.verify import resolve_dtype
+
+        return resolve_dtype(self.dtype, self.model, self.execution)
+
 
 @dataclass(frozen=True)
 class Delta:
@@ -128,12 +138,9 @@ class LlmEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         from models.llm_stats import recorder_factory
-        from models.verify import resolve_dtype
 
         self.is_cpu = current_platform.is_cpu()
-        dtype = resolve_dtype(
-            self.config.dtype, self.config.model, "eager" if self.config.enforce_eager else "compiled"
-        )
+        dtype = self.config.resolved_dtype()
         if self.is_cpu:
             self._check_kv_budget(dtype)
         args = AsyncEngineArgs(

@@ -119,7 +119,8 @@ def test_serve_becomes_ready_and_stops_cleanly_on_sigterm(offline_env):
         assert status == 200, body
         assert set(body["components"]) == {"vad", "asr", "tts", "llm"}
         assert all(c["state"] == "ready" for c in body["components"].values())
-        weights = {"none": "bf16"}.get(default_variant().weights, default_variant().weights)  # auto
+        weights = default_variant().weights  # llm_quantization auto; full weights: the bf16 conversion
+        weights = "bf16" if weights == "none" else weights
         assert body["components"]["llm"]["detail"].endswith(f"SmolLM2-135M-Instruct.Q4_1-{weights}")
         assert grpc_health(server.grpc_port) == health_pb2.HealthCheckResponse.SERVING
         server.note_descendants()

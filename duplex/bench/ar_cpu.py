@@ -44,7 +44,6 @@ from models.cache import configure_engine_caches, default_cache_dir
 from models.cpu_variant import cpu_description
 from models.llm import LlmConfig, LlmEngine
 from models.prepare import ModelChoice, prepare, resolve
-from models.verify import resolve_dtype
 
 DECODE_TOKENS = 128
 BATCH_TOKENS = 64
@@ -281,9 +280,7 @@ def bench_ar_cpu(config: Config, quick: bool = False) -> dict[str, Any]:
         "batched_8_over_1": {e: _ratio(m["batched_8"][e], m["batched_1"][e]) for e in ("vllm", "llamacpp")},
         "vllm_config": {
             "weights": llm.quantization,
-            "dtype": resolve_dtype(
-                llm_config.dtype, llm_config.model, "eager" if llm_config.enforce_eager else "compiled"
-            ),
+            "dtype": llm_config.resolved_dtype(),
             "enforce_eager": llm_config.enforce_eager,
         },
     }

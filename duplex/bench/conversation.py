@@ -37,7 +37,6 @@ from duplex.engines import Engines
 from duplex.metrics import LoopLag
 from duplex.session import Session, SessionConfig
 from models.cpu_variant import cpu_description
-from models.verify import resolve_dtype
 
 QUESTIONS = ("What is the capital city of France?", "Name a big river in Europe.", "What do bees make?")
 STORY = "Please tell me a long story about a brave little dragon."
@@ -184,10 +183,8 @@ def with_engines(
             return await body(engines) | {
                 "llm": {
                     "model": os.path.basename(llm.model),
-                    "dtype": resolve_dtype(
-                        llm.dtype, llm.model, "eager" if llm.enforce_eager else "compiled"
-                    ),
-                    "execution": "eager" if llm.enforce_eager else "compiled",
+                    "dtype": llm.resolved_dtype(),
+                    "execution": llm.execution,
                 }
             }
         finally:
