@@ -128,4 +128,6 @@ def encode_wire(samples: Int16Array, law: str | None) -> bytes:
         return ulaw_encode(samples).tobytes()
     if law == "alaw":
         return alaw_encode(samples).tobytes()
+    if samples.dtype != np.int16:  # as the G.711 encoders: a float or wider array is a bug upstream
+        raise TypeError(f"PCM16 encodes int16 samples, not {samples.dtype}")
     return samples.astype("<i2", copy=False).tobytes()

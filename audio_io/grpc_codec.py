@@ -30,8 +30,10 @@ class WireFormat:
         elif encoding in (pb.MULAW, pb.ALAW):
             if rate != 8000:
                 raise FormatError(f"{what}: G.711 is 8000 Hz only, not {rate}")
-        else:
+        elif encoding == 0:
             raise FormatError(f"{what}: no encoding given (PCM16, MULAW or ALAW)")
+        else:
+            raise FormatError(f"{what}: unknown encoding {encoding} (PCM16, MULAW or ALAW)")
         return cls(encoding, rate)
 
     def message(self) -> pb.AudioFormat:

@@ -59,8 +59,10 @@ class RtpPacket:
                 raise RtpError("truncated header extension")
             offset += 4 + 4 * struct.unpack_from("!H", data, offset + 2)[0]
         end = len(data)
-        if first & 0x20:  # padding: the last byte says how much
-            end -= data[-1] if data else 0
+        if first & 0x20:  # padding: the last byte says how much, itself included (never 0)
+            if data[-1] == 0:
+                raise RtpError("RTP padding of 0 bytes")
+            end -= data[-1]
         if offset > end:
             raise RtpError("truncated RTP packet")
         return cls(second & 0x7F, sequence, timestamp, ssrc, bytes(data[offset:end]), bool(second & 0x80))
@@ -163,7 +165,9 @@ class DtmfReceiver:
         if len(packet.payload) < 4:
             raise RtpError("a telephone-event payload is 4 bytes")
         event = packet.payload[0]
-        if event >= len(EVENTS) or packet.timestamp == self._last:
+        if event >= len(EVENTS):
             return None
+        if self._last is not None and not 0 < (packet.timestamp - self._last) % (1 << 32) < 1 << 31:
+            return None  # this press (its repeats), or a late packet of an earlier one
         self._last = packet.timestamp
         return EVENTS[event]

@@ -2,14 +2,15 @@
 ``events`` data channel.
 
     browser mic ─Opus─► remote track ─► _pump ─► on_audio(48 kHz mono AudioFrame)
-    Sink.audio (the voice's rate) ─► Resampler ─► Reframer (48 kHz, 20 ms) ─► OutboundTrack ─Opus─► browser
+    Outbox of 20 ms frames at 48 kHz (filled by the transport's output stage) ─► OutboundTrack ─Opus─► browser
     send(json) ─► data channel "events" ─► browser;   browser ─► "events" ─► on_message(text)
 
 Pacing: while a reply plays, the session's Pacer is the only clock. aiortc's sender asks
 the track for one frame at a time and reads nothing ahead, so `OutboundTrack.recv`
 hands over each pushed frame as it arrives; with nothing pushed it sends silence on its
 own 20 ms grid, so RTP timestamps stay continuous and the browser's jitter buffer never
-sees a gap. A barge-in `flush` therefore drops at most the frame or two still here.
+sees a gap. A barge-in (`Outbox.drop_audio`) therefore drops at most the frame or two
+still here.
 
 Lifecycle: the peer closes itself (and says so with `closed`) when ICE fails or the
 browser closes, when it is not connected within ``connect_timeout_s``, or when no audio
@@ -45,7 +46,8 @@ from aiortc.mediastreams import MediaStreamError
 from aiortc.rtp import RtpPacket
 
 from audio_io.frame import AudioFrame, Int16Array
-from audio_io.resample import FrameResampler, downmix
+from audio_io.outbox import Outbox
+from audio_io.resample import downmix
 
 log = logging.getLogger("duplex.webrtc")
 
@@ -126,10 +128,9 @@ class OutboundTrack(MediaStreamTrack):
 
     kind = "audio"
 
-    def __init__(self) -> None:
+    def __init__(self, outbox: Outbox[Int16Array] | None = None) -> None:
         super().__init__()
-        self._queue: collections.deque[Int16Array] = collections.deque()
-        self._ready = asyncio.Event()
+        self.outbox: Outbox[Int16Array] = outbox if outbox is not None else Outbox()
         self._next: float | None = None  # when the next frame is due if nothing is pushed
         self._playing = False  # the last frame was pushed audio
         self._pts = 0
@@ -139,14 +140,11 @@ class OutboundTrack(MediaStreamTrack):
     def push(self, samples: Int16Array) -> None:
         if samples.size != FRAME:
             raise ValueError(f"OutboundTrack takes {FRAME}-sample frames, got {samples.size}")
-        self._queue.append(samples)
-        self._ready.set()
+        self.outbox.put_frame([samples])
 
     def flush(self) -> int:
         """Drop every frame not yet handed to the encoder; returns how many."""
-        dropped = len(self._queue)
-        self._queue.clear()
-        return dropped
+        return self.outbox.drop_audio()
 
     async def recv(self) -> av.AudioFrame:
         if self.readyState != "live":
@@ -155,16 +153,17 @@ class OutboundTrack(MediaStreamTrack):
         if self._next is None or self._next < now - 0.1:  # first frame, or after a stall: no burst
             self._next = now
         slack = SLACK_PLAYING if self._playing else SLACK_IDLE
-        while not self._queue:
+        pushed = self.outbox.next_audio()
+        while pushed is None:
             remaining = self._next + slack - time.monotonic()
             if remaining <= 0:
                 break
-            self._ready.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._ready.wait(), remaining)
-        self._playing = bool(self._queue)
-        if self._queue:
-            samples = self._queue.popleft()
+                await asyncio.wait_for(self.outbox.ready.wait(), remaining)
+            pushed = self.outbox.next_audio()
+        self._playing = pushed is not None
+        if pushed is not None:
+            samples = pushed
             self.frames_sent += 1
             self._next = time.monotonic() + PERIOD
         else:
@@ -202,8 +201,8 @@ def interleaved_int16(frame: av.AudioFrame) -> Int16Array:
 
 
 class WebRtcPeer:
-    """One browser's peer connection. `answer` takes its offer; the `audio`, `flush`,
-    `end_of_audio` and `send` methods carry the session's output to it."""
+    """One browser's peer connection. `answer` takes its offer; ``track.outbox`` carries
+    the reply's audio to it, `send` the events."""
 
     def __init__(
         self,
@@ -223,7 +222,6 @@ class WebRtcPeer:
         self.frames_received = 0
         self._channel: RTCDataChannel | None = None  # once the browser opens it
         self._pending: collections.deque[str] = collections.deque(maxlen=MAX_PENDING_MESSAGES)
-        self._frames = FrameResampler(RATE)
         self._tasks: set[asyncio.Task[None]] = set()
         self._last_inbound = time.monotonic()
         self._on_audio: Callable[[AudioFrame], None] = lambda frame: None
@@ -303,24 +301,6 @@ class WebRtcPeer:
         self._spawn(self._on_message(text), "webrtc-message")
 
     # -- outbound --
-
-    def audio(self, frame: AudioFrame) -> None:
-        """A frame of the reply, at any rate: resampled and cut into 20 ms at 48 kHz."""
-        if self.closed.is_set():
-            return
-        for samples in self._frames.push(downmix(frame.samples, frame.channels), frame.sample_rate):
-            self.track.push(samples)
-
-    def end_of_audio(self, played_out: bool = True) -> None:
-        """The reply ended: its last partial frame goes out, padded with silence (or,
-        for a reply that was cut, is dropped)."""
-        for samples in self._frames.end(played_out):
-            self.track.push(samples)
-
-    def flush(self) -> None:
-        """Barge-in: drop the audio still held here."""
-        self.track.flush()
-        self._frames.reset()
 
     def send(self, text: str) -> None:
         """A message on the ``events`` channel (kept until the browser opens it)."""

@@ -1,26 +1,77 @@
-"""Shared helpers: where results go, machine facts recorded with every result."""
+"""Shared helpers: the stage's configuration and arguments (those of ``duplex bench``),
+percentiles, where results go, machine facts recorded with every result, plots.
+
+matplotlib is imported only to plot, so that ``duplex bench`` (which measures and prints,
+writing nothing) runs without it."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only: no display here
-import matplotlib.pyplot as plt
-from matplotlib.axes import Axes
-from matplotlib.figure import Figure
+import numpy as np
 
 from models.cpu_variant import cpu_description
 
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+    from duplex.config import Config
+
 RESULTS = Path(__file__).resolve().parent / "results"
+
+Measure = Callable[["Config", argparse.Namespace], dict[str, Any]]
+Plot = Callable[[dict[str, Any]], None]
+
+
+def percentiles(values: list[float]) -> dict[str, float | int | None]:
+    if not values:
+        return {"p50": None, "p95": None, "n": 0}
+    return {
+        "p50": round(float(np.percentile(values, 50)), 1),
+        "p95": round(float(np.percentile(values, 95)), 1),
+        "n": len(values),
+    }
+
+
+def sessions_of(args: argparse.Namespace) -> list[int]:
+    """``--sessions 1,4,8`` as numbers."""
+    return [int(n) for n in args.sessions.split(",") if n.strip()]
+
+
+def stage_config(stage: str, argv: Sequence[str] | None = None) -> tuple[Config, argparse.Namespace]:
+    """The configuration and arguments of ``duplex bench STAGE ARGV``: the same flags,
+    ``DUPLEX_*`` environment and config file; logging set up as the command does."""
+    from duplex.cli import build_parser
+    from duplex.config import FIELDS, ConfigError, load_config
+    from duplex.logs import setup_logging
+
+    args = build_parser().parse_args(["bench", stage, *(sys.argv[1:] if argv is None else argv)])
+    flags = {k: v for k, v in vars(args).items() if k in FIELDS and v is not None}
+    try:
+        config = load_config(args.config, os.environ, flags)
+    except ConfigError as e:
+        raise SystemExit(f"{stage}: configuration: {e}") from e
+    setup_logging(config.log_level, config.log_format, [config.auth_token or ""])
+    return config, args
+
+
+def bench_main(stage: str, measure: Measure, plot: Plot | None = None) -> None:
+    """``python -m benchmarks.<stage> [the flags of duplex bench <stage>]``: measure, then
+    write ``results/<stage>.json`` (and its plots), as `make bench` does."""
+    config, args = stage_config(stage)
+    result = measure(config, args)
+    print(write_result(stage.replace("-", "_"), result))
+    if plot is not None:
+        plot(result)
 
 
 def machine() -> dict[str, Any]:
@@ -45,8 +96,17 @@ def plot_path(name: str) -> Path:
     return RESULTS / f"{name}.png"
 
 
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display here
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def new_plot() -> tuple[Figure, Axes]:
-    fig, ax = plt.subplots(figsize=(7, 3.5))
+    fig, ax = _pyplot().subplots(figsize=(7, 3.5))
     return fig, ax
 
 
@@ -68,19 +128,5 @@ def save_plot(
     fig.tight_layout()
     path = plot_path(name)
     fig.savefig(path)
-    plt.close(fig)
+    _pyplot().close(fig)
     return path
-
-
-def duplex_bench(*args: str) -> dict[str, Any]:
-    """Run ``duplex bench ARGS`` offline; its result is the JSON object on its last line.
-    A failure shows the end of its stderr (what went wrong) before stopping."""
-    env = os.environ | {"HF_HUB_OFFLINE": "1"}
-    done = subprocess.run(
-        [sys.executable, "-m", "duplex", "bench", *args], env=env, capture_output=True, text=True
-    )
-    if done.returncode != 0:
-        sys.stderr.write(done.stderr[-4000:])
-        raise SystemExit(f"duplex bench {' '.join(args)} failed with exit status {done.returncode}")
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result

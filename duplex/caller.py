@@ -8,7 +8,7 @@ as a speakerphone without echo cancellation would. It "plays" each frame the mom
 arrives, and records every frame and event with its arrival time.
 
     timeline ─► mic frames (speech | silence) + echo ─► session.push_audio
-    session ─► audio / event / flush ─► recorded, and echoed into the mic
+    session ─► audio / event / flush / end_reply ─► recorded, and echoed into the mic
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from audio_io.pcm import RUNTIME_RATE
 from audio_io.resample import Resampler
 from duplex import events as ev
 from duplex.events import Event
-from duplex.session import Session
+from duplex.transports.port import SessionPort
 
 FRAME = RUNTIME_RATE // 50  # 20 ms
 
@@ -85,6 +85,7 @@ class VirtualCaller:
     frames: list[Received] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     flushes: list[float] = field(default_factory=list)
+    ended: list[tuple[str, bool]] = field(default_factory=list)  # (response id, completed), from end_reply
     speech_ends: list[float] = field(default_factory=list)  # when each Speak step's audio ended
     voice_spans: list[tuple[float, float]] = field(default_factory=list)  # (first, last) voiced instants
 
@@ -123,6 +124,10 @@ class VirtualCaller:
     def flush(self) -> None:
         self.flushes.append(time.monotonic())
 
+    def end_reply(self, response_id: str, completed: bool) -> None:
+        """It plays each frame as it arrives, whole (nothing partial to pad or drop)."""
+        self.ended.append((response_id, completed))
+
     # -- the microphone --
 
     def heard_s(self, response_id: str) -> float:
@@ -139,7 +144,7 @@ class VirtualCaller:
         created = [e for e in self.of_type(ev.RESPONSE_CREATED) if e.at > since]
         return str(created[-1].data["response_id"]) if created else None
 
-    async def play(self, session: Session, timeline: list[Step], rate: int = RUNTIME_RATE) -> None:
+    async def play(self, session: SessionPort, timeline: list[Step], rate: int = RUNTIME_RATE) -> None:
         """Play the timeline into the session in real time (`rate`: the mic's rate)."""
         self._start = time.monotonic()
         self._echo, self._echo_base, self._mic_position = np.zeros(0, np.float32), 0, 0

@@ -76,7 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     client = sub.add_parser("client", help="talk to a duplex server over gRPC (a WAV file, stdin, or --mic)")
     _add_config_flags(client, ("log_level",))
     _add_client_arguments(client)
-    bench = sub.add_parser("bench", help="measure a stage; prints one JSON object as its last line")
+    bench = sub.add_parser(
+        "bench", help="measure a stage (source checkout only); prints one JSON object as its last line"
+    )
     _add_config_flags(
         bench,
         (
@@ -163,12 +165,29 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return asyncio.run(run(args, args.token or config.auth_token))
         if args.command == "bench":
-            from duplex.bench import run_bench
-
-            return run_bench(config, args)
+            return _bench(config, args)
         return _prepare(config, cache_dir, args)
     except ModelNotFoundError as e:
         return _fail(str(e))
+
+
+def _bench(config: Config, args: argparse.Namespace) -> int:
+    """``duplex bench``: the checkout's `benchmarks` package measures. It is not in the
+    wheel, and an editable install maps only the runtime's packages: the checkout that
+    holds this file goes on the path if it has them."""
+    checkout = Path(__file__).resolve().parent.parent
+    if (checkout / "benchmarks" / "__init__.py").is_file() and str(checkout) not in sys.path:
+        sys.path.append(str(checkout))
+    try:
+        from benchmarks import run_bench
+    except ImportError as e:
+        if e.name != "benchmarks":
+            raise
+        return _fail(
+            "benchmarks ship with the source checkout, not with the installed package: "
+            "run `duplex bench` from a checkout of the repository (installed with pip install -e)"
+        )
+    return run_bench(config, args)
 
 
 def _serve(config: Config, cache_dir: Path) -> int:

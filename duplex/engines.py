@@ -31,9 +31,8 @@ class Engines:
     ) -> Engines:
         """Load every engine from the configured (and prepared) models, off the event
         loop; ``loaded`` is called with "vad", "asr", "tts" and "llm" as each is up."""
-        from duplex.speech_cli import model_path
         from models.cache import configure_engine_caches, default_cache_dir
-        from models.prepare import ModelChoice, prepare
+        from models.prepare import ModelChoice, model_path, prepare
 
         if cache_dir is None:
             cache_dir = default_cache_dir() if config.cache_dir is None else Path(config.cache_dir)

@@ -28,15 +28,15 @@ from aiohttp import web
 from audio_io.webrtc import set_host_addresses
 from duplex.config import Config
 from duplex.engines import Engines
-from duplex.grpc_app import GrpcListener
 from duplex.health import ComponentState, Readiness
 from duplex.http_app import build_http_app
 from duplex.metrics import LoopLag
-from duplex.realtime_app import RealtimeEndpoint
 from duplex.sessions import Sessions
-from duplex.sip_app import SipListener
-from duplex.twilio_app import TwilioEndpoint
-from duplex.webrtc_app import WebRtcEndpoint
+from duplex.transports.grpc_server import GrpcListener
+from duplex.transports.realtime import RealtimeEndpoint
+from duplex.transports.sip import SipListener
+from duplex.transports.twilio import TwilioEndpoint
+from duplex.transports.webrtc import WebRtcEndpoint
 from models.prepare import STAGES, ModelChoice, check_models
 
 log = logging.getLogger("duplex.service")

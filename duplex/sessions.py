@@ -17,7 +17,9 @@ import time
 
 from duplex.engines import Engines
 from duplex.events import SessionError
-from duplex.session import Session, SessionConfig, Sink
+from duplex.session import Session
+from duplex.session_config import SessionConfig
+from duplex.transports.port import SessionPort, Sink, Voice
 
 log = logging.getLogger("duplex.sessions")
 
@@ -36,20 +38,23 @@ class Sessions:
     def attach(self, engines: Engines) -> None:
         self.engines = engines
 
-    def check_room(self) -> Engines:
+    def check_room(self) -> Voice:
         """Raise the `SessionError` that `open` would for lack of models or room: for a
-        transport to call before it spends work on a connection."""
+        transport to call before it spends work on a connection. The voice sessions
+        speak with, if there is room."""
         if self.engines is None:
             raise SessionError("not_ready", "the models are still loading; try again shortly")
         if len(self._open) >= self.max_sessions:
             raise SessionError(
                 "too_many_sessions", f"the server is at its limit of {self.max_sessions} sessions"
             )
-        return self.engines
+        return Voice(self.engines.tts.name, self.engines.tts.sample_rate)
 
     async def open(self, sink: Sink, config: SessionConfig | None = None) -> Session:
         """A started session for this transport connection, or a `SessionError`."""
-        session = Session(self.check_room(), sink, config)
+        self.check_room()
+        assert self.engines is not None
+        session = Session(self.engines, sink, config)
         self._open.add(session)
         try:
             await session.start()
@@ -60,16 +65,12 @@ class Sessions:
             self._watchdog = asyncio.create_task(self._watch(), name="sessions-idle-watchdog")
         return session
 
-    async def close(self, session: Session) -> None:
-        self._open.discard(session)
-        await session.close()
-
-    async def close_with(self, session: Session, *tasks: asyncio.Task[None]) -> None:
-        """A transport's connection ended: cancel its tasks, wait for them, close the session."""
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await self.close(session)
+    async def close(self, session: SessionPort) -> None:
+        """Close one of these sessions (idempotent)."""
+        found = next((s for s in self._open if s.id == session.id), None)  # a transport holds a port
+        if found is not None:
+            self._open.discard(found)
+            await found.close()
 
     async def close_all(self) -> None:
         watchdog, self._watchdog = self._watchdog, None

@@ -13,14 +13,9 @@ from audio_io.pcm import RUNTIME_RATE
 from audio_io.resample import resample
 from audio_io.wav import WavError, read_wav, write_wav
 from duplex.config import Config
-from models.prepare import ModelChoice, resolve
+from models.prepare import model_path
 
 SAMPLE_RATE = RUNTIME_RATE
-
-
-def model_path(config: Config, stage: str) -> str:
-    location, _ = resolve(ModelChoice(stage, getattr(config, stage)))
-    return str(location)
 
 
 def transcribe(config: Config, args: argparse.Namespace) -> int:

@@ -1,47 +1,13 @@
-"""What a session knows of one turn: its timings, the reply in flight, an interruption
-being judged, and which words are backchannels. Plain data; the decisions are in
-`duplex.session`."""
+"""What a session knows of one user turn: its timings, and an interruption being judged.
+Plain data; the decisions are in `duplex.turn_policy`, the reply in `duplex.reply`."""
 
 from __future__ import annotations
 
-import asyncio
-import re
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass
 
-from audio_io.pacer import Pacer
-from duplex.events import Event
-from models.tts import TtsStream
-
-BACKCHANNELS = frozenset(
-    ("uh-huh", "uh", "huh", "mm-hmm", "mm", "hmm", "mhm", "hm", "okay", "ok", "yeah", "yes", "yep")
-    + ("right", "sure", "alright", "aha", "ah", "oh", "um", "i", "see")
-    + ("thank", "thanks", "you")  # also what Whisper makes of a short hum ("You", "Thank you.")
-)
-_WORD = re.compile(r"[a-z]+(?:-[a-z]+)*")
-
-
-def is_backchannel(text: str) -> bool:
-    """True for an utterance of backchannel words only (or none), or of one word said
-    over and over ("Then, then, then, then"), which is Whisper looping on a hum."""
-    words = _WORD.findall(text.lower())
-    if len(words) >= 3 and len(set(words)) == 1:
-        return True
-    return all(word in BACKCHANNELS for word in words)
-
-
-def is_echo_of(heard: str, spoken: str, share: float = 0.6) -> bool:
-    """True when the words heard are mostly the assistant's own recent words, in order
-    (their longest common subsequence is at least ``share`` of them): its echo, come
-    back loud enough to pass for the caller (a phone line at -10 dB)."""
-    words, said = _WORD.findall(heard.lower()), _WORD.findall(spoken.lower())
-    if not words or not said:
-        return False
-    row = [0] * (len(said) + 1)  # LCS by dynamic programming, one row at a time
-    for word in words:
-        diagonal = 0
-        for j, other in enumerate(said, 1):
-            diagonal, row[j] = row[j], diagonal + 1 if word == other else max(row[j], row[j - 1])
-    return row[-1] >= share * len(words)
+from audio_io.pcm import RUNTIME_RATE
+from models.asr import AsrWord
 
 
 @dataclass
@@ -73,26 +39,15 @@ class TurnTimes:
 
 
 @dataclass
-class Response:
-    """One assistant reply in flight: its text, its audio, and the tasks making them."""
-
-    id: str
-    item_id: str
-    tts: TtsStream
-    pacer: Pacer
-    times: TurnTimes
-    tasks: list[asyncio.Task[None]] = field(default_factory=list)
-    synthesized: bool = False  # TTS has produced every frame
-    user_text: str = ""
-    held: bool = False  # speculative: begun at a pause, silent and unannounced until confirmed
-    held_events: list[Event] = field(default_factory=list)
-    quick_paused: float | None = None  # paused on a loud onset, awaiting the VAD's confirmation
-
-
-@dataclass
 class Interruption:
     """Caller speech over the reply, not yet judged a barge-in or a false alarm."""
 
     position: int  # 16 kHz stream position where the caller's voice began
     words: str = ""
     stopped: int | None = None  # where the VAD heard it end, if it did before it was judged
+
+
+def word_times_ms(words: Iterable[AsrWord]) -> list[dict[str, object]]:
+    """Words of a transcript with their times in the input stream, in milliseconds."""
+    ms = 1000 / RUNTIME_RATE
+    return [{"text": w.text, "start_ms": round(w.start * ms), "end_ms": round(w.end * ms)} for w in words]

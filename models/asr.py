@@ -52,6 +52,7 @@ NO_SPEECH_THRESHOLD = 0.6
 
 
 MAX_DECODE_TOKENS = 448  # Whisper's decoder context
+WINDOW = WINDOW_S * SAMPLE_RATE - TAIL_PAD  # one pass of a one-shot transcription
 
 
 def limit_blas_threads() -> None:
@@ -223,20 +224,32 @@ class AsrEngine:
         return words
 
     def transcribe(self, samples: npt.NDArray[np.int16]) -> str:
-        """One-shot transcription of any length (30 s windows cut at committed words)."""
-        audio = pcm16_to_float(samples)
-        parts: list[str] = []
-        start = 0
-        window = WINDOW_S * SAMPLE_RATE - TAIL_PAD
+        """One-shot transcription of any length (30 s windows cut at committed words),
+        on the calling thread: for tools. A session's utterance goes through the worker
+        queue instead (`transcribe_queued`)."""
+        audio, parts, start = pcm16_to_float(samples), [], 0
         while start < audio.size:
-            chunk = audio[start : start + window]
-            if start + window >= audio.size:
-                parts.append(self.transcribe_window(chunk, start, [], word_times=False).text)
-                break
-            hyp = self.transcribe_window(chunk, start, [], word_times=True)
-            keep = [w for w in hyp.words if w.end < start + window - 2 * SAMPLE_RATE] or hyp.words
-            parts.append("".join(w.text for w in keep).strip())
-            start = keep[-1].end if keep and keep[-1].end > start else start + window
+            last = start + WINDOW >= audio.size
+            hyp = self.transcribe_window(audio[start : start + WINDOW], start, [], word_times=not last)
+            text, start = (hyp.text, audio.size) if last else _cut(hyp, start)
+            parts.append(text)
+        return " ".join(p for p in parts if p)
+
+    async def transcribe_queued(self, samples: npt.NDArray[np.int16]) -> str:
+        """`transcribe`, each window a final pass on the worker queue: it waits its turn
+        behind other sessions' finals, ahead of their partials, off the event loop."""
+        audio, parts, start = pcm16_to_float(samples), [], 0
+        while start < audio.size:
+            last = start + WINDOW >= audio.size
+            job = _Job(audio[start : start + WINDOW], start, [], True, asyncio.get_running_loop())
+            job.word_times = not last
+            self.submit(job)
+            try:
+                hyp = await job.future
+            finally:
+                job.cancelled = True  # a cancelled wait: the worker skips it if not begun
+            text, start = (hyp.text, audio.size) if last else _cut(hyp, start)
+            parts.append(text)
         return " ".join(p for p in parts if p)
 
     # -- the worker --
@@ -465,6 +478,14 @@ class AsrStream:
             if job is not None:
                 job.cancelled = True
         self._partial = self._candidate = None
+
+
+def _cut(hyp: _Hypothesis, start: int) -> tuple[str, int]:
+    """A window of a long transcription, not its last: its text up to the last word
+    ending 2 s before the window's end, and where the next window starts (there)."""
+    end = start + WINDOW
+    keep = [w for w in hyp.words if w.end < end - 2 * SAMPLE_RATE] or hyp.words
+    return "".join(w.text for w in keep).strip(), keep[-1].end if keep and keep[-1].end > start else end
 
 
 def _public(word: HypWord) -> AsrWord:

@@ -29,7 +29,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from models.kv_stream import KvStream
-from models.llm import Delta, LlmEngine, LlmError
+from models.llm import LlmEngine
+from models.llm_types import Delta, LlmError
 
 MAX_USER_CHARS = 4000  # ~1,000 tokens: more than anyone says in one breath
 

@@ -15,36 +15,57 @@ One chunk is in flight at a time (the owner serializes its calls), so a chunk's
 outputs are never merged with the next chunk's by vLLM's output collector; a chunk
 ends with the output that carries a finish reason. Abort or close ends the request: its KV blocks go back to
 vLLM's prefix cache, where a new stream finds them (to block granularity).
+
+The stream counts its KV against the cache through its engine (`StreamEngine`, which
+`models.llm.LlmEngine` implements; the books are `models.kv_budget`): a reservation
+before each chunk, settled when the chunk ends, released when the stream ends.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Protocol
 
-from models.llm import Delta, LlmEngine, LlmError
+from models.llm_types import Delta, LlmError
 
 _END = None  # the request ended (aborted, closed, or failed): no more outputs
 
 
+class StreamEngine(Protocol):
+    """What a `KvStream` needs of the engine that runs it (`models.llm.LlmEngine`)."""
+
+    def reserve(self, request_id: str, more_tokens: int) -> None:
+        """Count a chunk against the KV cache, making room; `LlmError` if it cannot fit."""
+
+    def settle(self, request_id: str, tokens: int) -> None:
+        """The chunk ended and the request's KV holds ``tokens`` tokens."""
+
+    def release(self, request_id: str) -> None:
+        """The request ended: its KV counts no more (idempotent)."""
+
+    def forget(self, request_id: str) -> None:
+        """The request's reader ended."""
+
+    def streaming_input(self, chunk: list[int], max_tokens: int, ignore_eos: bool) -> Any: ...
+
+    def generate_streaming(self, request_id: str, inputs: AsyncIterator[Any]) -> AsyncIterator[Delta]: ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    def abort_soon(self, request_id: str) -> None: ...
+
+
 class KvStream:
-    def __init__(self, engine: LlmEngine, request_id: str) -> None:
+    def __init__(self, engine: StreamEngine, request_id: str) -> None:
         self.engine = engine
         self.request_id = request_id
         self.tokens: list[int] = []  # what the request's KV holds, token for token
-        self.last_used = time.monotonic()
-        self.alive = True
+        self.alive = True  # on the engine's KV books exactly while True
         self._inputs: asyncio.Queue[Any] = asyncio.Queue()  # StreamingInputs for vLLM
         self._outputs: asyncio.Queue[Delta | BaseException | None] = asyncio.Queue()
         self._reader: asyncio.Task[None] | None = None
-        self._reserved = 0  # tokens counted against the KV budget while a chunk runs
         self.busy = False  # a chunk is in flight
-
-    @property
-    def held_tokens(self) -> int:
-        return len(self.tokens) + self._reserved
 
     async def run(self, chunk: list[int], max_tokens: int, ignore_eos: bool = False) -> AsyncIterator[Delta]:
         """Prefill `chunk` on top of `tokens` and stream what is sampled after it.
@@ -57,10 +78,8 @@ class KvStream:
             raise LlmError("the session's LLM stream has ended")
         if not chunk:
             raise ValueError("an empty chunk")
-        self.engine.reserve(self, len(chunk) + max_tokens)
-        self._reserved = len(chunk) + max_tokens
+        self.engine.reserve(self.request_id, len(chunk) + max_tokens)
         self.busy = True
-        self.last_used = time.monotonic()
         self._inputs.put_nowait(self.engine.streaming_input(chunk, max_tokens, ignore_eos))
         if self._reader is None:
             self._reader = asyncio.create_task(self._read(), name=f"llm-{self.request_id}")
@@ -79,13 +98,13 @@ class KvStream:
                 if finished:
                     return
         finally:
-            self._reserved = 0
             self.busy = False
-            self.last_used = time.monotonic()
             if finished:
                 self.tokens += chunk + generated[:-1]
+                if self.alive:  # else closed meanwhile, and already off the books
+                    self.engine.settle(self.request_id, len(self.tokens))
             else:  # stopped early: what the KV holds is unknown, so the stream is done
-                self.alive = False
+                self._end()
                 await self.engine.abort(self.request_id)
 
     async def _read(self) -> None:
@@ -103,13 +122,17 @@ class KvStream:
         except Exception as e:  # a chunk vLLM refused, or the engine failed
             self._outputs.put_nowait(e)
         finally:
-            self.alive = False
+            self._end()
             self._outputs.put_nowait(_END)
-            self.engine.forget(self)
+            self.engine.forget(self.request_id)
+
+    def _end(self) -> None:
+        self.alive = False
+        self.engine.release(self.request_id)
 
     def cancel(self) -> None:
         """Drop the request without a word to vLLM (the engine is shutting down)."""
-        self.alive = False
+        self._end()
         if self._reader is not None:
             self._reader.cancel()
 
@@ -120,8 +143,8 @@ class KvStream:
         which could otherwise still be on its way when the engine shuts down.
         """
         if self.alive:
-            self.alive = False
+            self._end()
             if self._reader is not None:
                 self.engine.abort_soon(self.request_id)
         if self._reader is None:
-            self.engine.forget(self)
+            self.engine.forget(self.request_id)

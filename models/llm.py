@@ -16,7 +16,8 @@ Each session keeps its KV in a resumable request (`models.kv_stream.KvStream`); 
 caching is on as well, so a stream that had to be restarted (after a truncation, a
 revised word, or an eviction) finds its earlier turns' KV in 32-token blocks. Streams
 of idle sessions are closed, least recently used first, when the KV cache would not
-hold them all: their blocks stay in the prefix cache until vLLM needs them.
+hold them all (the books: `models.kv_budget`): their blocks stay in the prefix cache
+until vLLM needs them.
 
 `counters` sums vLLM's own per-step figures (tokens prefilled, tokens decoded), which
 is what the tests and `/metrics` read to know what the engine really computed.
@@ -27,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -35,11 +35,13 @@ from typing import TYPE_CHECKING, Any
 
 from models.chat_format import ChatFormat
 from models.handoff import in_daemon_thread
+from models.kv_budget import KvBudget
+from models.kv_stream import KvStream
+from models.llm_types import Delta, EngineCounters, LlmError
+from models.verify import resolve_dtype
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
-
-    from models.kv_stream import KvStream
 
 log = logging.getLogger("duplex.llm")
 
@@ -47,10 +49,6 @@ DEFAULT_SYSTEM_PROMPT = (
     "You are a friendly voice assistant. Your replies are spoken aloud, so answer in one or two "
     "short sentences of plain words, without lists, markup or emoji."
 )
-
-
-class LlmError(Exception):
-    """A request this session made cannot be served; other sessions are unaffected."""
 
 
 @dataclass(frozen=True)
@@ -72,39 +70,7 @@ class LlmConfig:
 
     def resolved_dtype(self) -> str:
         """The dtype vLLM gets for these weights and this execution (`models.verify`)."""
-        from models.verify import resolve_dtype
-
         return resolve_dtype(self.dtype, self.model, self.execution)
-
-
-@dataclass(frozen=True)
-class Delta:
-    """A piece of a reply: new token ids and their text, with the request's cache figures."""
-
-    token_ids: list[int]
-    text: str
-    finished: bool
-    finish_reason: str | None
-    prompt_tokens: int
-    cached_tokens: int  # prompt tokens whose KV vLLM found in its prefix cache
-
-
-@dataclass
-class EngineCounters:
-    """vLLM's per-step figures, summed over the engine's life."""
-
-    prefill_tokens: int = 0  # prompt tokens computed: neither in a stream's KV nor in the prefix cache
-    decode_tokens: int = 0
-    steps: int = 0
-    kv_usage: float = 0.0  # fraction of KV blocks in use at the last step
-
-    def record(self, scheduler_stats: Any) -> None:
-        details = scheduler_stats.iteration_details
-        if details is not None:
-            self.prefill_tokens += details.num_ctx_tokens
-            self.decode_tokens += details.num_generation_tokens
-            self.steps += 1
-        self.kv_usage = scheduler_stats.kv_cache_usage
 
 
 class LlmEngine:
@@ -117,8 +83,8 @@ class LlmEngine:
         self.is_cpu = True
         self.counters = EngineCounters()
         self.block_size = 32
-        self.capacity_tokens = 0  # the KV cache's size, known once started
-        self._streams: dict[str, KvStream] = {}
+        self._budget: KvBudget | None = None  # the KV cache's books, once its size is known
+        self._streams: dict[str, KvStream] = {}  # until their reader ends, alive or not
         self._aborts: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
@@ -128,7 +94,10 @@ class LlmEngine:
         self._engine = await in_daemon_thread(self._create, name="llm-start")
         cache = self._engine.vllm_config.cache_config
         self.block_size = cache.block_size
-        self.capacity_tokens = (cache.num_gpu_blocks or 0) * cache.block_size
+        assert cache.num_gpu_blocks, (
+            "vLLM did not report its KV cache's size (its start-up handshake changed?)"
+        )
+        self._budget = KvBudget(cache.num_gpu_blocks, cache.block_size)
         self.tokenizer = self._engine.get_tokenizer()
         self.chat_format = ChatFormat.from_tokenizer(self.tokenizer)  # the same for every session
 
@@ -137,7 +106,7 @@ class LlmEngine:
         from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        from models.llm_stats import recorder_factory
+        from models.llm_stats import recorder_factory  # imports vLLM, as this method does
 
         self.is_cpu = current_platform.is_cpu()
         dtype = self.config.resolved_dtype()
@@ -188,6 +157,11 @@ class LlmEngine:
     def started(self) -> bool:
         return self._engine is not None
 
+    @property
+    def capacity_tokens(self) -> int:
+        """The KV cache's size in tokens; 0 until started."""
+        return self._budget.capacity_tokens if self._budget is not None else 0
+
     async def generate(
         self,
         request_id: str,
@@ -237,13 +211,12 @@ class LlmEngine:
         finally:
             await stream.aclose()
 
-    # -- resumable requests: one per session (models.kv_stream) --
+    # -- resumable requests: one per session (models.kv_stream), and the KV's books --
 
     def open_stream(self, request_id: str) -> KvStream:
-        from models.kv_stream import KvStream
-
-        assert self._engine is not None, "LlmEngine.start() was not awaited"
+        assert self._engine is not None and self._budget is not None, "LlmEngine.start() was not awaited"
         stream = KvStream(self, request_id)
+        self._budget.open(request_id)
         self._streams[request_id] = stream
         return stream
 
@@ -257,33 +230,38 @@ class LlmEngine:
         assert self._engine is not None, "LlmEngine.start() was not awaited"
         return self._deltas(self._engine.generate(inputs, self._params(1), request_id))
 
-    def reserve(self, stream: KvStream, more_tokens: int) -> None:
-        """Make room in the KV cache for `stream` to grow, closing idle streams (LRU)."""
-        needed = len(stream.tokens) + more_tokens
+    def reserve(self, request_id: str, more_tokens: int) -> None:
+        """Make room in the KV cache for the stream to grow by ``more_tokens``, closing
+        idle streams, least recently used first (`models.kv_budget`)."""
+        assert self._budget is not None, "LlmEngine.start() was not awaited"
+        needed = self._budget.held_tokens(request_id) + more_tokens
         if needed > self.config.max_model_len:
             raise LlmError(
                 f"this turn needs {needed} tokens, more than the context of {self.config.max_model_len}"
             )
-        if self.capacity_tokens and needed > self.capacity_tokens:
+        evicted = self._budget.reserve(request_id, more_tokens)
+        if evicted is None:
             raise LlmError(
-                f"this turn needs {needed} tokens of KV cache; the cache holds {self.capacity_tokens}"
+                f"this turn needs {needed} tokens of KV cache; the cache holds {self._budget.capacity_tokens}"
             )
-
-        def blocks(tokens: int) -> int:
-            return math.ceil(tokens / self.block_size)
-
-        others = [s for s in self._streams.values() if s is not stream and s.alive]
-        in_use = blocks(needed) + sum(blocks(s.held_tokens) for s in others)
-        capacity = self.capacity_tokens // self.block_size
-        for idle in sorted((s for s in others if not s.busy), key=lambda s: s.last_used):
-            if in_use <= capacity:
-                break
-            in_use -= blocks(idle.held_tokens)
-            log.debug("closing idle stream %s to free %d KV tokens", idle.request_id, len(idle.tokens))
+        for idle_id in evicted:
+            idle = self._streams[idle_id]
+            log.debug("closing idle stream %s to free %d KV tokens", idle_id, len(idle.tokens))
             idle.close()
 
-    def forget(self, stream: KvStream) -> None:
-        self._streams.pop(stream.request_id, None)
+    def settle(self, request_id: str, tokens: int) -> None:
+        """The stream's chunk ended with ``tokens`` tokens in its KV."""
+        assert self._budget is not None, "LlmEngine.start() was not awaited"
+        self._budget.settle(request_id, tokens)
+
+    def release(self, request_id: str) -> None:
+        """The stream ended: its KV no longer counts against the cache (idempotent)."""
+        if self._budget is not None:
+            self._budget.free(request_id)
+
+    def forget(self, request_id: str) -> None:
+        """The stream's reader ended: nothing of it is left to cancel at shutdown."""
+        self._streams.pop(request_id, None)
 
     async def abort(self, request_id: str) -> None:
         if self._engine is not None:

@@ -6,7 +6,7 @@ from typing import Any
 
 from vllm.v1.metrics.loggers import StatLoggerBase
 
-from models.llm import EngineCounters
+from models.llm_types import EngineCounters
 
 
 def recorder_factory(counters: EngineCounters) -> Any:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from models.bundled import BUNDLED, ModelNotFoundError
 from models.convert import (
@@ -98,6 +99,25 @@ def resolve(choice: ModelChoice) -> tuple[Path | str, str]:
     path = Path(choice.value).expanduser()
     _check_local(choice.stage, path)
     return path.resolve(), "path"
+
+
+class SpeechModels(Protocol):
+    """The speech stages' models as a configuration names them (`duplex.config.Config`);
+    None is the bundled one."""
+
+    @property
+    def vad(self) -> str | None: ...
+    @property
+    def asr(self) -> str | None: ...
+    @property
+    def voice(self) -> str | None: ...
+
+
+def model_path(config: SpeechModels, stage: str) -> str:
+    """The local path (or hub id) of a speech stage's model: ``vad``, ``asr`` or ``voice``,
+    which are used as found (only the LLM is prepared, `prepare`)."""
+    location, _ = resolve(ModelChoice(stage, getattr(config, stage)))
+    return str(location)
 
 
 def check_models(choices: list[ModelChoice]) -> None:

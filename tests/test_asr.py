@@ -45,6 +45,7 @@ def streamed(vad_engine, asr_engine, speech_set):
 @pytest.mark.slow
 def test_streaming_wer_on_20_varied_sentences(speech_set, streamed):
     pairs = [(u.text, finals(events)) for u, events in zip(speech_set, streamed, strict=True)]
+    assert len(pairs) == 20  # wer([]) is 0
     assert wer(pairs) <= 0.10, pairs
 
 
@@ -70,6 +71,7 @@ def test_committed_words_are_never_retracted(streamed):
 
 @pytest.mark.slow
 def test_committed_words_carry_ordered_timestamps(streamed):
+    checked = pairs = 0
     for events in streamed:
         for event in events:
             if event.kind is ListenEventKind.PARTIAL and event.result.committed:
@@ -77,6 +79,9 @@ def test_committed_words_carry_ordered_timestamps(streamed):
                 assert all(s <= e for s, e in times)
                 assert all(a[1] <= b[0] + 800 for a, b in zip(times, times[1:], strict=False))  # ~ordered
                 assert times[-1][1] <= event.result.audio_end
+                checked += len(times)
+                pairs += len(times) - 1
+    assert checked > 50 and pairs > 30, (checked, pairs)  # it saw real timestamps, and neighbours
 
 
 def within_one_word(a: str, b: str) -> bool:
@@ -94,6 +99,7 @@ def test_a_split_word_is_one_word_of_difference():
 
 @pytest.mark.slow
 def test_streaming_final_is_within_one_word_of_one_shot(asr_engine, speech_set, streamed):
+    assert len(speech_set) == 20  # the loop below compares every sentence
     for utterance, events in zip(speech_set, streamed, strict=True):
         one_shot = asr_engine.transcribe(np.concatenate([GAP, utterance.audio, GAP]))
         assert within_one_word(one_shot, finals(events)), (one_shot, finals(events))
@@ -113,6 +119,7 @@ async def test_telephone_audio_still_transcribes(asr_engine, speech_set):
     for u in speech_set:
         phone = ulaw_decode(ulaw_encode(resample(u.audio, 16000, 8000)))  # G.711 at 8 kHz
         pairs.append((u.text, asr_engine.transcribe(resample(phone, 8000, 16000))))
+    assert len(pairs) == 20  # wer([]) is 0
     assert wer(pairs) <= 0.15, pairs
 
 
@@ -177,3 +184,18 @@ async def test_overload_thins_partials_but_keeps_every_final(vad_engine, asr_eng
     partials = sum(1 for events in runs for e in events if e.kind is ListenEventKind.PARTIAL)
     assert partials < audio_s * 2 * 0.5  # fewer than half of the every-500-ms partials
     assert asr_engine.passes - passes_before >= len(utterances)
+
+
+async def test_a_queued_transcription_equals_the_one_shot_one(asr_engine, speech_set):
+    """`transcribe_queued` (a Realtime manual commit) runs the same passes as `transcribe`,
+    on the worker queue: the same text, for one window and for several (35 s of speech
+    with gaps: cut at committed words, as the one-shot transcription cuts)."""
+    utterances = list(speech_set)[:8]
+    assert len(utterances) == 8
+    for u in utterances[:3]:
+        assert await asr_engine.transcribe_queued(u.audio) == asr_engine.transcribe(u.audio)
+    long = np.concatenate([np.concatenate([u.audio, GAP]) for u in utterances] * 2)
+    assert long.size > 30 * 16000
+    queued = await asr_engine.transcribe_queued(long)
+    assert queued == asr_engine.transcribe(long)
+    assert wer([(" ".join(u.text for u in utterances * 2), queued)]) <= 0.3

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from duplex.bench.quality import PROMPTS, facts_kept, is_correct
+from benchmarks.quality import PROMPTS, facts_kept, is_correct
 from models.cpu_variant import MEASURED, SAFE, LlmVariant, choose, cpu_description, cpu_kind
 from models.quantize import QUANTIZATIONS, weights_of
 

@@ -17,9 +17,9 @@ from audio_io._proto import duplex_pb2_grpc as pb_grpc
 from audio_io.wav import read_wav, write_wav
 from duplex.caller import heard_by_marks
 from duplex.config import Config
-from duplex.grpc_app import GrpcListener
 from duplex.grpc_client import Conversation, DuplexClient
 from duplex.sessions import Sessions
+from duplex.transports.grpc_server import GrpcListener
 from models.speech_set import wer
 from tests.conftest import REPO, duplex_command, speech
 

@@ -10,7 +10,7 @@ import pytest_asyncio
 
 from models.conversation import MAX_USER_CHARS, Conversation
 from models.kv_stream import KvStream
-from models.llm import LlmError
+from models.llm_types import LlmError
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
 

@@ -20,8 +20,8 @@ from audio_io.resample import resample
 from duplex.config import Config
 from duplex.health import Readiness
 from duplex.http_app import build_http_app
-from duplex.realtime_app import RealtimeEndpoint
 from duplex.sessions import Sessions
+from duplex.transports.realtime import RealtimeEndpoint
 from models.speech_set import wer
 from tests.conftest import speech
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from duplex.realtime_session import RealtimeError, RealtimeSessionConfig
+from duplex.transports.realtime_config import RealtimeError, RealtimeSessionConfig
 
 
 def config() -> RealtimeSessionConfig:

@@ -11,9 +11,10 @@ from audio_io.pcm import RUNTIME_RATE
 from duplex import events as ev
 from duplex.caller import Silence, Speak, Step, UntilHeard, UntilReplyDone, VirtualCaller
 from duplex.events import SessionError
-from duplex.session import Session, SessionConfig
+from duplex.session import Session
+from duplex.session_config import SessionConfig
 from duplex.state import State
-from duplex.turn import is_backchannel
+from duplex.turn_policy import QUICK_PAUSE_CONFIRM_S, is_backchannel
 from models.kv_stream import KvStream
 from tests.conftest import speech
 
@@ -95,6 +96,7 @@ async def test_a_normal_turn_in_order(engines, tts_engine):
     assert states == ["listening", "user_speaking", "responding", "listening", "closed"]
     (done,) = caller.of_type(ev.RESPONSE_DONE)
     assert done.data["status"] == "completed"
+    assert caller.ended == [(done.data["response_id"], True)]  # the transport was told, once
     assert "capital" in caller.of_type(ev.TRANSCRIPT_DONE)[0].data["transcript"].lower()
     reply = "".join(e.data["delta"] for e in caller.of_type(ev.TEXT_DELTA))
     assert "Paris" in reply
@@ -127,6 +129,7 @@ async def test_barge_in_cuts_the_reply_to_what_was_heard(engines, tts_engine):
     first, second = caller.of_type(ev.RESPONSE_DONE)
     assert first.data["status"] == "cancelled" and second.data["status"] == "completed"
     cut_id = first.data["response_id"]
+    assert caller.ended == [(cut_id, False), (second.data["response_id"], True)]
     # nothing of the cut reply left after the flush that paused it
     assert caller.flushes
     assert all(f.at <= caller.flushes[0] for f in caller.frames if f.response_id == cut_id)
@@ -237,8 +240,6 @@ async def test_speech_without_words_over_the_reply_resumes_it(engines, tts_engin
 
 
 async def test_a_click_over_the_reply_pauses_it_only_briefly(engines, tts_engine):
-    from duplex.session import QUICK_PAUSE_CONFIRM_S
-
     rng = np.random.default_rng(1)
     click = (rng.standard_normal(int(0.03 * RUNTIME_RATE)) * 8000).astype(np.int16)  # 30 ms at -12 dBFS
     ask = speech(tts_engine, "Please tell me a long story about a brave little dragon.")

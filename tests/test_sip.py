@@ -28,7 +28,7 @@ from duplex import events as ev
 from duplex.config import Config
 from duplex.events import Event
 from duplex.sessions import Sessions
-from duplex.sip_app import RTP_DROPPED, RtpSink, SipListener
+from duplex.transports.sip import RTP_DROPPED, RtpWire, SipListener
 from models.speech_set import wer
 from tests.conftest import speech
 
@@ -184,13 +184,13 @@ class Recorder:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.events: list[Event] = []
-        original = RtpSink.event
+        original = RtpWire.event
 
-        def on_event(sink: RtpSink, e: Event) -> None:
+        def on_event(wire: RtpWire, e: Event) -> list[bytes]:
             self.events.append(e)
-            original(sink, e)
+            return original(wire, e)
 
-        monkeypatch.setattr(RtpSink, "event", on_event)
+        monkeypatch.setattr(RtpWire, "event", on_event)
 
     def of(self, type_: str) -> list[Event]:
         return [e for e in self.events if e.type == type_]

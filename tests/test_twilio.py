@@ -23,6 +23,7 @@ from streamdouble.session import SessionConfig as CallConfig
 from audio_io import twilio
 from audio_io.frame import AudioFrame
 from audio_io.g711 import ulaw_decode, ulaw_encode
+from audio_io.outbox import Outbox
 from audio_io.pcm import RUNTIME_RATE
 from audio_io.resample import resample
 from duplex import events as ev
@@ -32,7 +33,8 @@ from duplex.health import Readiness
 from duplex.http_app import build_http_app
 from duplex.session import Session
 from duplex.sessions import Sessions
-from duplex.twilio_app import MARK_EVERY, TwilioEndpoint, TwilioSink, _Outbox
+from duplex.transports.output import OutputStage
+from duplex.transports.twilio import MARK_EVERY, TwilioEndpoint, TwilioWire
 from models.speech_set import wer
 from tests.conftest import speech
 
@@ -96,17 +98,18 @@ def test_the_protocol_reads_what_twilio_sends_and_refuses_the_rest():
     assert [(p.get("name"), p.get("value")) for p in stream] == [("token", 'a"<b>')]
 
 
-def sent(outbox: _Outbox) -> list[dict]:
-    return [json.loads(text) for _, text in outbox._items]
+def sent(outbox: Outbox[str]) -> list[dict]:
+    return [json.loads(text) for _, text in outbox._entries]
 
 
-def test_the_sink_sends_20ms_mulaw_marks_every_100ms_and_clears_on_barge_in():
-    outbox = _Outbox()
-    sink = TwilioSink(outbox, "MZ1", 22050)
+def test_the_wire_sends_20ms_mulaw_marks_every_100ms_and_clears_on_barge_in():
+    wire = TwilioWire("MZ1", 22050)
+    sink = OutputStage(wire)
+    outbox = sink.outbox
     tone = (np.sin(np.arange(22050) / 22050 * 2 * np.pi * 300) * 8000).astype(np.int16)
     for i in range(0, 22050, 441):  # one second of 20 ms frames at the voice's rate
         sink.audio(AudioFrame(tone[i : i + 441], 22050), "resp_1")
-    sink.event(Event(ev.RESPONSE_DONE, {"response_id": "resp_1", "status": "completed"}))
+    sink.end_reply("resp_1", completed=True)
     messages = sent(outbox)
     media = [m for m in messages if m["event"] == "media"]
     marks = [m["mark"]["name"] for m in messages if m["event"] == "mark"]
@@ -118,17 +121,17 @@ def test_the_sink_sends_20ms_mulaw_marks_every_100ms_and_clears_on_barge_in():
     # a mark per 5 frames, each named for the reply's milliseconds before it, and one at the end
     assert len(marks) == -(-len(media) // MARK_EVERY) and marks[0] == "resp_1:100"
     assert marks[-1] == "resp_1:1000"
-    assert sink.echoed(marks[1]) == 200 * 22050 // 1000 and sink.played == 4410
-    assert sink.echoed(marks[0]) is None  # passed over by a later echo
-    assert sink.echoed("someone_else:5") is None
+    assert wire.echoed(marks[1]) == 200 * 22050 // 1000 and wire.played == 4410
+    assert wire.echoed(marks[0]) is None  # passed over by a later echo
+    assert wire.echoed("someone_else:5") is None
     # a barge-in: queued audio and marks go, a clear is sent, late echoes say nothing
-    outbox._items.clear()
+    outbox.take()
     for i in range(0, 4410, 441):
         sink.audio(AudioFrame(tone[i : i + 441], 22050), "resp_2")
     (pending,) = [m["mark"]["name"] for m in sent(outbox) if m["event"] == "mark"]
     sink.flush()
     assert sent(outbox) == [{"event": "clear", "streamSid": "MZ1"}]
-    assert sink.echoed(pending) is None and sink.played == 4410
+    assert wire.echoed(pending) is None and wire.played == 4410
 
 
 # -- the endpoint, with the real models --
@@ -141,11 +144,11 @@ class Recorder:
         self.events: list[Event] = []
         self.played: list[int] = []
         self.sessions: list[Session] = []
-        event, playback, dtmf = TwilioSink.event, Session.playback, Session.dtmf
+        event, playback, dtmf = TwilioWire.event, Session.playback, Session.dtmf
 
-        def on_event(sink: TwilioSink, e: Event) -> None:
+        def on_event(wire: TwilioWire, e: Event) -> list[str]:
             self.events.append(e)
-            event(sink, e)
+            return event(wire, e)
 
         def on_playback(session: Session, position: int) -> None:
             self.played.append(position)
@@ -156,7 +159,7 @@ class Recorder:
             self._see(session)
             dtmf(session, digit)
 
-        monkeypatch.setattr(TwilioSink, "event", on_event)
+        monkeypatch.setattr(TwilioWire, "event", on_event)
         monkeypatch.setattr(Session, "playback", on_playback)
         monkeypatch.setattr(Session, "dtmf", on_dtmf)
 

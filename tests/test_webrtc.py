@@ -24,7 +24,8 @@ from duplex.config import Config, ConfigError
 from duplex.health import Readiness
 from duplex.http_app import build_http_app
 from duplex.sessions import Sessions
-from duplex.webrtc_app import WebRtcEndpoint
+from duplex.transports.output import OutputStage
+from duplex.transports.webrtc import PeerWire, WebRtcEndpoint
 from models.speech_set import wer
 from tests.conftest import speech
 from tests.webrtc_peer import Browser
@@ -57,19 +58,20 @@ async def test_the_track_sends_pushed_frames_at_once_and_silence_when_idle():
 
 async def test_the_peer_turns_the_voice_into_20ms_frames_at_48khz():
     peer = WebRtcPeer()
+    stage = OutputStage(PeerWire(peer), peer.track.outbox)
     voice = (np.sin(np.arange(22050) / 22050 * 2 * np.pi * 440) * 8000).astype(np.int16)
     for i in range(0, 22050, 441):  # one second of 20 ms frames at the voice's rate
-        peer.audio(AudioFrame(voice[i : i + 441], 22050))
-    peer.end_of_audio()  # the tail goes out, padded to a whole frame
-    frames = list(peer.track._queue)
+        stage.audio(AudioFrame(voice[i : i + 441], 22050), "resp_1")
+    stage.end_reply("resp_1", completed=True)  # the tail goes out, padded to a whole frame
+    frames = [item for _, item in peer.track.outbox._entries]
     assert all(f.size == FRAME for f in frames)
     assert 50 <= len(frames) <= 51
     out = np.concatenate(frames)
     spectrum = np.abs(np.fft.rfft(out[4800:43200]))
     assert abs(np.argmax(spectrum) * 48000 / 38400 - 440) < 5
-    peer.audio(AudioFrame(voice[:441], 22050))
-    peer.flush()
-    assert peer.track.flush() == 0 and peer._frames.pending_samples == 0
+    stage.audio(AudioFrame(voice[:441], 22050), "resp_2")
+    stage.flush()
+    assert peer.track.flush() == 0 and stage._frames.pending_samples == 0
     await peer.close()
 
 

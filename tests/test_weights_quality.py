@@ -3,7 +3,7 @@ greedy replies to 12 fixed prompts, without speech in the loop."""
 
 import pytest
 
-from duplex.bench.quality import PROMPTS, agreement, greedy_replies, looks_english
+from benchmarks.quality import PROMPTS, agreement, greedy_replies, looks_english
 
 
 def test_the_english_check_tells_english_from_other_text():

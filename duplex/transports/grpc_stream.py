@@ -1,7 +1,7 @@
 """`Duplex.Converse` (proto/duplex.proto): one gRPC stream, one session.
 
     ClientEvent stream ─► _read: config check, audio decode, acks, text, cancel ─► Session
-    Session ─► GrpcSink ─► Outbox (bounded) ─► Converse yields ServerEvents
+    Session ─► OutputStage(GrpcWire) ─► Outbox (bounded) ─► Converse yields ServerEvents
 
 The first message must be a `SessionConfig`; problems with the stream itself end it
 with a status (INVALID_ARGUMENT, RESOURCE_EXHAUSTED, UNAVAILABLE, DEADLINE_EXCEEDED),
@@ -14,7 +14,6 @@ rest of its turn (the reply plays out), then the stream ends with OK.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 import time
@@ -28,12 +27,14 @@ from audio_io._proto import duplex_pb2 as pb
 from audio_io._proto import duplex_pb2_grpc as pb_grpc
 from audio_io.frame import AudioFrame, Int16Array
 from audio_io.grpc_codec import FormatError, WireFormat
-from audio_io.resample import FrameResampler
+from audio_io.outbox import Outbox
 from duplex import events as ev
 from duplex.events import Event, SessionError
-from duplex.session import Session, SessionConfig
+from duplex.session_config import SessionConfig
 from duplex.sessions import Sessions
-from duplex.state import State
+from duplex.transports.link import Link
+from duplex.transports.output import Cursor, OutputStage
+from duplex.transports.port import SessionPort
 
 log = logging.getLogger("duplex.grpc")
 
@@ -94,72 +95,35 @@ def server_event(event: Event) -> pb.ServerEvent | None:
     return pb.ServerEvent(turn=turn)
 
 
-class Outbox:
-    """What waits for the client to read: bounded, audio dropped first."""
+class GrpcWire:
+    """A stream's output on the wire: reply audio in the client's format, events as messages."""
 
-    def __init__(self) -> None:
-        self._items: collections.deque[pb.ServerEvent] = collections.deque()
-        self._audio = 0
-        self.ready = asyncio.Event()
-        self.overflowed = False
-
-    def put(self, item: pb.ServerEvent) -> None:
-        if item.HasField("audio"):
-            if self._audio >= MAX_QUEUED_AUDIO:
-                AUDIO_DROPPED.inc()
-                return
-            self._audio += 1
-        elif len(self._items) - self._audio >= MAX_QUEUED_EVENTS:
-            self.overflowed = True
-        self._items.append(item)
-        self.ready.set()
-
-    def drop_audio(self) -> None:
-        """Barge-in: the reply's audio not yet read goes."""
-        self._items = collections.deque(i for i in self._items if not i.HasField("audio"))
-        self._audio = 0
-
-    def take(self) -> list[pb.ServerEvent]:
-        items, self._items, self._audio = list(self._items), collections.deque(), 0
-        self.ready.clear()
-        return items
-
-
-class GrpcSink:
-    """The session's `Sink`: reply audio in the client's output format, events as messages."""
-
-    def __init__(self, outbox: Outbox, output: WireFormat) -> None:
-        self.outbox = outbox
+    def __init__(self, output: WireFormat) -> None:
         self.output = output
-        self._frames = FrameResampler(output.sample_rate)
+        self.rate = output.sample_rate
         self._sequence = 0
 
-    def audio(self, frame: AudioFrame, response_id: str) -> None:
-        for samples in self._frames.push(frame.samples, frame.sample_rate):
-            self._chunk(samples, response_id)
-
-    def _chunk(self, samples: Int16Array, response_id: str) -> None:
+    def frame(self, samples: Int16Array, cursor: Cursor) -> list[pb.ServerEvent]:
         chunk = pb.AudioChunk(
-            data=self.output.encode(samples), sequence=self._sequence, response_id=response_id
+            data=self.output.encode(samples), sequence=self._sequence, response_id=cursor.response_id
         )
         self._sequence += 1
-        self.outbox.put(pb.ServerEvent(audio=chunk))
+        return [pb.ServerEvent(audio=chunk)]
 
-    def event(self, event: Event) -> None:
-        if event.type == ev.RESPONSE_DONE:  # its last partial chunk, padded; nothing if cut
-            for samples in self._frames.end(event.data.get("status") == "completed"):
-                self._chunk(samples, str(event.data["response_id"]))
-        try:
-            message = server_event(event)
-        except (KeyError, TypeError, ValueError):  # a bug here must not break the session's tasks
-            log.exception("gRPC: no message for event %s", event.type)
-            return
-        if message is not None:
-            self.outbox.put(message)
+    def event(self, event: Event) -> list[pb.ServerEvent]:
+        message = server_event(event)
+        return [] if message is None else [message]
 
-    def flush(self) -> None:
-        self.outbox.drop_audio()
-        self._frames.reset()
+    def end_reply(self, cursor: Cursor, completed: bool) -> list[pb.ServerEvent]:
+        return []
+
+    def flushed(self) -> list[pb.ServerEvent]:
+        return []
+
+
+def half_closed(reader: asyncio.Task[None]) -> bool:
+    """The client half-closed its side: the reader ran to its end (not cancelled)."""
+    return reader.done() and not reader.cancelled() and reader.exception() is None
 
 
 class DuplexService(pb_grpc.DuplexServicer):
@@ -171,30 +135,29 @@ class DuplexService(pb_grpc.DuplexServicer):
         self, request_iterator: AsyncIterator[pb.ClientEvent], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ServerEvent]:
         requests = aiter(request_iterator)
-        outbox = Outbox()
         try:
             config, wire_in, output, voice = await self._configure(requests)
-            sink, session = await self._open(outbox, config, output, voice)
+            wire, stage, session = await self._open(config, output, voice)
         except StreamEnd as e:
             await context.abort(e.code, str(e))
             return
-        stream = _Stream(session, wire_in, sink.output, outbox)
-        reader = asyncio.create_task(stream.read(requests), name=f"{session.id}-grpc-read")
+        output = wire.output
+        stream = _Stream(session, wire_in, output, stage.outbox)
+        link = Link(session, lambda: self.sessions.close(session), stream.wake, stage.close)
+        reader = link.own(stream.read(requests), "grpc-read")
         try:
             started = pb.SessionStarted(
                 session_id=session.id,
                 input_format=wire_in.message(),
-                output_format=sink.output.message(),
-                voice=session.engines.tts.name,
+                output_format=output.message(),
+                voice=session.voice.name,
                 api_version=API_VERSION,
             )
             yield pb.ServerEvent(started=started)
             async for message in stream.messages(reader):
                 yield message
         finally:
-            reader.cancel()
-            await asyncio.gather(reader, return_exceptions=True)
-            await self.sessions.close(session)
+            await link.close()
         if stream.end is not None:
             await context.abort(stream.end.code, str(stream.end))
 
@@ -238,17 +201,17 @@ class DuplexService(pb_grpc.DuplexServicer):
         return config, wire_in, output, message.voice
 
     async def _open(
-        self, outbox: Outbox, config: SessionConfig, output: WireFormat | None, voice: str
-    ) -> tuple[GrpcSink, Session]:
+        self, config: SessionConfig, output: WireFormat | None, voice: str
+    ) -> tuple[GrpcWire, OutputStage[pb.ServerEvent], SessionPort]:
         try:
-            engines = self.sessions.check_room()
-            if voice and voice != engines.tts.name:
-                raise StreamEnd(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"unknown voice {voice!r} (this server has {engines.tts.name!r})",
-                )
-            sink = GrpcSink(outbox, output or WireFormat(pb.PCM16, engines.tts.sample_rate))
-            return sink, await self.sessions.open(sink, config)
+            ours = self.sessions.check_room()
+            if voice and voice != ours.name:
+                message = f"unknown voice {voice!r} (this server has {ours.name!r})"
+                raise StreamEnd(grpc.StatusCode.INVALID_ARGUMENT, message)
+            wire = GrpcWire(output or WireFormat(pb.PCM16, ours.sample_rate))
+            outbox = Outbox[pb.ServerEvent](MAX_QUEUED_AUDIO, MAX_QUEUED_EVENTS, AUDIO_DROPPED.inc)
+            stage = OutputStage(wire, outbox)
+            return wire, stage, await self.sessions.open(stage, config)
         except SessionError as e:
             code = (
                 grpc.StatusCode.UNAVAILABLE if e.code == "not_ready" else grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -260,13 +223,15 @@ class _Stream:
     """One Converse call: reads the client's messages into the session, and hands the
     outbox's messages to the caller until the stream is over."""
 
-    def __init__(self, session: Session, wire_in: WireFormat, output: WireFormat, outbox: Outbox) -> None:
+    def __init__(
+        self, session: SessionPort, wire_in: WireFormat, output: WireFormat, outbox: Outbox[pb.ServerEvent]
+    ) -> None:
         self.session = session
         self.input = wire_in
         self.output = output
         self.outbox = outbox
         self.end: StreamEnd | None = None  # how the stream ends, if not with OK
-        self._voice_rate = session.engines.tts.sample_rate
+        self._voice_rate = session.voice.sample_rate
 
     async def read(self, requests: AsyncIterator[pb.ClientEvent]) -> None:
         """Until the client half-closes (returns) or sends what ends the stream."""
@@ -298,6 +263,10 @@ class _Stream:
         self.end = StreamEnd(code, message)
         self.outbox.ready.set()
 
+    async def wake(self) -> None:
+        """The session ended: `messages` sees it now, not at its next poll."""
+        self.outbox.ready.set()
+
     async def messages(self, reader: asyncio.Task[None]) -> AsyncIterator[pb.ServerEvent]:
         """The outbox's messages, until the session closes, the stream fails, or the
         client has half-closed and the conversation has gone quiet."""
@@ -312,15 +281,14 @@ class _Stream:
                     grpc.StatusCode.RESOURCE_EXHAUSTED, "the client does not read its events"
                 )
             if self.end is not None or session.closed.is_set():
-                if session.closed.is_set() and self.end is None and not reader.done():
+                if session.closed.is_set() and self.end is None and not half_closed(reader):
                     self.end = StreamEnd(grpc.StatusCode.DEADLINE_EXCEEDED, "the session was closed (idle)")
                 return
             if reader.done() and not reader.cancelled() and reader.exception() is not None:
-                log.error("session %s: reading the stream failed", session.id, exc_info=reader.exception())
                 self.end = StreamEnd(grpc.StatusCode.INTERNAL, "the server failed to read the stream")
                 return
-            if reader.done():  # half-closed: the reply in progress plays out
-                busy = session.state not in (State.LISTENING, State.IDLE)
+            if half_closed(reader):  # the reply in progress plays out
+                busy = session.busy
                 now = time.monotonic()
                 quiet_since = None if busy else quiet_since or now
                 if quiet_since is not None and now - quiet_since >= QUIET_AFTER_HALF_CLOSE_S:

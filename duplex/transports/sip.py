@@ -37,13 +37,15 @@ from prometheus_client import Counter
 from audio_io import sip
 from audio_io.frame import AudioFrame, Int16Array
 from audio_io.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
-from audio_io.resample import FrameResampler
+from audio_io.outbox import Outbox
 from audio_io.rtp import PCMU, Concealer, DtmfReceiver, JitterBuffer, RtpError, RtpPacket
-from duplex import events as ev
 from duplex.config import Config
 from duplex.events import Event, SessionError
-from duplex.session import Session, SessionConfig
+from duplex.session_config import SessionConfig
 from duplex.sessions import Sessions
+from duplex.transports.link import Link
+from duplex.transports.output import Cursor, OutputStage
+from duplex.transports.port import SessionPort
 
 log = logging.getLogger("duplex.sip")
 
@@ -87,26 +89,26 @@ class _Datagrams(asyncio.DatagramProtocol):
         log.debug("sip: socket error %s", exc)  # e.g. ICMP port unreachable from a gone peer
 
 
-class RtpSink:
-    """The session's `Sink` for one call: reply audio to 20 ms G.711 payloads."""
+class RtpWire:
+    """A call's output: reply audio as 20 ms G.711 payloads, sent on the call's RTP
+    clock (`SipListener._send_rtp`); events have no place on the wire."""
+
+    rate = RATE
 
     def __init__(self, codec: int) -> None:
         self.encode = ulaw_encode if codec == PCMU else alaw_encode
-        self.queue: list[bytes] = []
-        self._frames = FrameResampler(RATE)
 
-    def audio(self, frame: AudioFrame, response_id: str) -> None:
-        for samples in self._frames.push(frame.samples, frame.sample_rate):
-            self.queue.append(self.encode(samples).tobytes())
+    def frame(self, samples: Int16Array, cursor: Cursor) -> list[bytes]:
+        return [self.encode(samples).tobytes()]
 
-    def event(self, event: Event) -> None:
-        if event.type == ev.RESPONSE_DONE:
-            completed = event.data.get("status") == "completed"
-            self.queue += [self.encode(s).tobytes() for s in self._frames.end(completed)]
+    def event(self, event: Event) -> list[bytes]:
+        return []
 
-    def flush(self) -> None:
-        self.queue.clear()
-        self._frames.reset()
+    def end_reply(self, cursor: Cursor, completed: bool) -> list[bytes]:
+        return []
+
+    def flushed(self) -> list[bytes]:
+        return []
 
 
 @dataclass(eq=False)
@@ -119,12 +121,13 @@ class SipCall:
     codec: int
     local_address: str
     rtp: _Datagrams | None = None
-    session: Session | None = None
-    sink: RtpSink | None = None
+    session: SessionPort | None = None
+    stage: OutputStage[bytes] | None = None
+    link: Link | None = None
     final: bytes = b""  # the final response to the INVITE, for retransmissions
     acked: asyncio.Event = field(default_factory=asyncio.Event)
     ended: bool = False
-    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    hang_up: bool = True  # we end the call (BYE); False once the caller has (BYE, CANCEL)
     jitter: JitterBuffer = field(default_factory=JitterBuffer)
     concealer: Concealer = field(default_factory=Concealer)
     dtmf: DtmfReceiver = field(default_factory=DtmfReceiver)
@@ -303,25 +306,23 @@ class SipListener:
             raise
         self.calls[call.call_id] = call
         call.final = self._reply(request, addr, 200, to_tag, self._contact(call), self._answer_sdp(call))
-        name = session.id
-        call.tasks += [
-            asyncio.create_task(self._resend_until_ack(call), name=f"{name}-sip-ack"),
-            asyncio.create_task(self._send_rtp(call), name=f"{name}-sip-rtp"),
-            asyncio.create_task(self._watch(call), name=f"{name}-sip-watch"),
-        ]
-        for task in call.tasks:
-            task.add_done_callback(_log_failure)
+        assert call.stage is not None
+        link = call.link = Link(
+            session, lambda: self.sessions.close(session), lambda: self._hang_up(call), call.stage.close
+        )
+        link.own(self._resend_until_ack(call), "sip-ack")
+        link.own(self._send_rtp(call, call.stage.outbox), "sip-rtp")
         codec = "PCMU" if call.codec == PCMU else "PCMA"
-        log.info("sip call %s from %s: session %s, %s", call.call_id, addr[0], name, codec)
+        log.info("sip call %s from %s: session %s, %s", call.call_id, addr[0], session.id, codec)
 
-    async def _open(self, call: SipCall) -> Session:
+    async def _open(self, call: SipCall) -> SessionPort:
         """The call's RTP socket (on the listener's address, any port) and session."""
         rtp = call.rtp = _Datagrams(lambda data, addr: self._rtp(call, data, addr))
         await asyncio.get_running_loop().create_datagram_endpoint(
             lambda: rtp, local_addr=(self.config.host, 0)
         )
-        call.sink = RtpSink(call.codec)
-        call.session = await self.sessions.open(call.sink, SessionConfig(input_rate=RATE))
+        call.stage = OutputStage(RtpWire(call.codec))
+        call.session = await self.sessions.open(call.stage, SessionConfig(input_rate=RATE))
         return call.session
 
     async def _close_media(self, call: SipCall) -> None:
@@ -376,28 +377,25 @@ class SipListener:
         log.info("sip call %s: no ACK in %.0f s, hanging up", call.call_id, ACK_TIMEOUT_S)
         self._spawn(self._end(call, bye=True), f"sip-noack-{call.call_id[:16]}")
 
-    async def _watch(self, call: SipCall) -> None:
-        """The session ended on its own (idle timeout, shutdown): hang up."""
-        assert call.session is not None
-        await call.session.closed.wait()
-        self._spawn(self._end(call, bye=True), f"sip-end-{call.call_id[:16]}")
-
     async def _end(self, call: SipCall, bye: bool) -> None:
-        if call.ended:
-            return
+        """End the call: with our BYE (``bye``), or because the caller ended it."""
+        if not call.ended:
+            call.hang_up = bye
         call.ended = True
         self.calls.pop(call.call_id, None)
-        if bye:
+        if call.link is not None:
+            await call.link.close()
+
+    async def _hang_up(self, call: SipCall) -> None:
+        """The connection's side of the call's end (`Link`): BYE if it is ours, and the
+        RTP socket closed. The session ended first (idle timeout, shutdown) counts as ours."""
+        call.ended = True
+        self.calls.pop(call.call_id, None)
+        if call.hang_up:
             self._send(self._bye_request(call), call.signaling)
-        current = asyncio.current_task()
-        for task in call.tasks:
-            if task is not current:
-                task.cancel()
-        await asyncio.gather(*(t for t in call.tasks if t is not current), return_exceptions=True)
-        if call.session is not None:
-            await self.sessions.close(call.session)
         await self._close_media(call)
-        log.info("sip call %s: ended (%s)", call.call_id, "we hung up" if bye else "the caller hung up")
+        who = "we hung up" if call.hang_up else "the caller hung up"
+        log.info("sip call %s: ended (%s)", call.call_id, who)
 
     def _bye_request(self, call: SipCall) -> sip.SipMessage:
         invite = call.invite
@@ -454,17 +452,17 @@ class SipListener:
         else:
             RTP_DROPPED.labels("payload_type").inc()
 
-    async def _send_rtp(self, call: SipCall) -> None:
+    async def _send_rtp(self, call: SipCall, outbox: Outbox[bytes]) -> None:
         """A packet every 20 ms on a drift-free clock: the reply's audio, or silence."""
-        assert call.sink is not None and call.rtp is not None and call.rtp.transport is not None
-        transport, sink = call.rtp.transport, call.sink
-        silence = sink.encode(np.zeros(FRAME, np.int16)).tobytes()
+        assert call.rtp is not None and call.rtp.transport is not None
+        transport = call.rtp.transport
+        silence = (ulaw_encode if call.codec == PCMU else alaw_encode)(np.zeros(FRAME, np.int16)).tobytes()
         ssrc = int.from_bytes(np.random.default_rng().bytes(4), "big")
         sequence, timestamp = int(np.random.default_rng().integers(65536)), 0
         start, k, first = time.monotonic(), 0, True
         destination = (call.offer.address, call.offer.port)
         while True:
-            payload = sink.queue.pop(0) if sink.queue else silence
+            payload = outbox.next_audio() or silence
             packet = RtpPacket(call.codec, sequence, timestamp, ssrc, payload, marker=first)
             transport.sendto(packet.build(), destination)
             first = False

@@ -9,22 +9,25 @@ time over the run divided by the audio seconds all sessions played.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
 from audio_io.resample import resample
-from duplex.bench.stats import percentiles
-from duplex.config import Config
-from duplex.speech_cli import model_path
+from benchmarks.common import bench_main, new_plot, percentiles, save_plot, sessions_of
 from models.asr import AsrEngine
 from models.listen import Listener, ListenEventKind
+from models.prepare import model_path
 from models.speech_set import synthesize_set, wer
 from models.tts import TtsEngine
 from models.vad import VadEngine
+
+if TYPE_CHECKING:
+    from duplex.config import Config
 
 UTTERANCES = {
     "1s": ("No, thanks.", "Yes, please.", "Okay, let's do that."),
@@ -152,3 +155,29 @@ async def _lockstep(vad: VadEngine, asr: AsrEngine, clips: list[npt.NDArray[np.i
         listener.close()
         out.append(" ".join(finals))
     return out
+
+
+def measure(config: Config, args: argparse.Namespace) -> dict[str, Any]:
+    return bench_asr(config, sessions_of(args), quick=args.quick)
+
+
+def plot(result: dict[str, Any]) -> None:
+    fig, ax = new_plot()
+    sessions = list(result["sessions"])
+    classes = list(result["final_latency_ms"])
+    width = 0.8 / len(sessions)
+    for i, n in enumerate(sessions):
+        run = result["sessions"][n]
+        p50 = [run["final_compute_ms"][c]["p50"] or 0 for c in classes]
+        latency = [run["final_latency_ms"][c]["p95"] or 0 for c in classes]
+        xs = [k + i * width for k in range(len(classes))]
+        ax.bar(xs, p50, width, label=f"{n} sessions: final pass compute p50")
+        ax.plot(xs, latency, "k_", markersize=14)
+    ax.axhline(150, color="red", linestyle="--", label="goal: final ready 150 ms after end of speech")
+    ax.set_xticks([k + 0.4 - width / 2 for k in range(len(classes))], classes)
+    title = "ASR final: pass compute (bars), end-of-speech to final p95 (ticks)"
+    save_plot(fig, ax, "asr", title, "ms", legend_size=7)
+
+
+if __name__ == "__main__":
+    bench_main("asr", measure, plot)

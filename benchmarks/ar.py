@@ -14,18 +14,21 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from duplex.bench.stats import percentiles
-from duplex.config import Config
+from benchmarks.common import bench_main, new_plot, percentiles, save_plot, sessions_of
 from models.cache import configure_engine_caches, default_cache_dir
 from models.conversation import Conversation
 from models.llm import LlmConfig, LlmEngine
 from models.prepare import ModelChoice, prepare
+
+if TYPE_CHECKING:
+    from duplex.config import Config
 
 QUESTIONS = (
     "Hi there!",
@@ -163,3 +166,23 @@ def bench_ar(config: Config, sessions: list[int], quick: bool = False) -> dict[s
         "method": "CPU eager engine, greedy, 48-token replies; warm start = the second engine of the "
         "process (prefix caching off), after the first was shut down",
     }
+
+
+def measure(config: Config, args: argparse.Namespace) -> dict[str, Any]:
+    return bench_ar(config, sessions_of(args), quick=args.quick)
+
+
+def plot(result: dict[str, Any]) -> None:
+    fig, ax = new_plot()
+    for key, label in (
+        ("prefix_on", "KV reused (session stream)"),
+        ("prefix_off", "no reuse (new request, no prefix cache)"),
+    ):
+        values = result["ttft_ms_by_turn"][key]
+        ax.plot(range(1, len(values) + 1), values, "o-", label=label)
+    title = "AR stage: TTFT over a 20-turn conversation (CPU, SmolLM2-135M)"
+    save_plot(fig, ax, "ar_ttft", title, "time to first token (ms)", xlabel="turn")
+
+
+if __name__ == "__main__":
+    bench_main("ar", measure, plot)

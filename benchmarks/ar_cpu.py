@@ -14,7 +14,7 @@ so that whatever else the machine does lands on both alike:
 - ``startup_s``: the service's engine started in a new process, with empty vLLM and
   inductor caches (cold) and again with the caches the first start left (warm);
 - ``quality`` (quantized weights only): greedy replies to 12 fixed prompts against the same
-  model in bf16 (`duplex.bench.quality`): exact matches, same first words, non-empty,
+  model in bf16 (`benchmarks.quality`): exact matches, same first words, non-empty,
   English.
 
 The last line is one JSON object; ``*_ratio`` figures are vLLM / llama.cpp.
@@ -22,6 +22,7 @@ The last line is one JSON object; ``*_ratio`` figures are vLLM / llama.cpp.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import ctypes
 import dataclasses
@@ -34,16 +35,19 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from duplex.bench.quality import agreement, greedy_replies
-from duplex.config import Config
+from benchmarks.common import bench_main, new_plot, save_plot
+from benchmarks.quality import agreement, greedy_replies
 from models.cache import configure_engine_caches, default_cache_dir
 from models.cpu_variant import cpu_description
 from models.llm import LlmConfig, LlmEngine
 from models.prepare import ModelChoice, prepare, resolve
+
+if TYPE_CHECKING:
+    from duplex.config import Config
 
 DECODE_TOKENS = 128
 BATCH_TOKENS = 64
@@ -300,3 +304,25 @@ async def _against_bf16(config: Config, cache: Path, replies: list[str]) -> dict
     finally:
         reference.shutdown()
     return agreement(replies, expected).as_dict() | {"replies": replies, "bf16_replies": expected}
+
+
+def measure(config: Config, args: argparse.Namespace) -> dict[str, Any]:
+    return bench_ar_cpu(config, quick=args.quick)
+
+
+def plot(result: dict[str, Any]) -> None:
+    fig, ax = new_plot()
+    groups = [("1 sequence", result["decode_tok_s"])]
+    groups += [(f"{n} batched", result["batched_tok_s"][n]) for n in ("1", "4", "8")]
+    x = np.arange(len(groups))
+    for offset, engine, label in (
+        (-0.2, "vllm", "vLLM (the service's engine)"),
+        (0.2, "llamacpp", "llama.cpp"),
+    ):
+        ax.bar(x + offset, [g[1][engine] for g in groups], width=0.4, label=label)
+    ax.set_xticks(x, [g[0] for g in groups])
+    save_plot(fig, ax, "ar_cpu_decode", "Decode on the CPU: vLLM and llama.cpp, same weights", "tokens/s")
+
+
+if __name__ == "__main__":
+    bench_main("ar-cpu", measure, plot)

@@ -5,10 +5,10 @@ Variants: the weights (full, int8 W8A8, the 4-bit GPTQ checkpoint: `models.quant
 times the activations' dtype (float32, bfloat16, float16 for full weights; bfloat16 for
 quantized ones) times compiled or eager execution. Each variant's engine is started
 alone (its compiled graph built first if need be, outside the figures), then measured
-as ``duplex bench ar-cpu`` measures vLLM (`duplex.bench.ar_cpu.measure_vllm`):
+as ``duplex bench ar-cpu`` measures vLLM (`benchmarks.ar_cpu.measure_vllm`):
 
 - ``decode_tok_s``, ``ttft_ms`` (40 and 400 prompt tokens) and ``batched_8_tok_s``;
-- ``quality``: greedy replies to 12 fixed prompts (`duplex.bench.quality`) against the
+- ``quality``: greedy replies to 12 fixed prompts (`benchmarks.quality`) against the
   float32 compiled variant's (the reference: full weights, full precision), with the
   facts each reply must carry (Paris, seven, honey, ...);
 - ``correct``: every reply non-empty English, and no fact lost against the reference
@@ -26,21 +26,27 @@ The result names the CPU (model and the flags that decide vLLM's kernels), the v
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import dataclasses
 import math
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from duplex.bench.ar_cpu import Vllm, measure_vllm
-from duplex.bench.quality import agreement, facts_kept, greedy_replies, is_correct
-from duplex.config import Config
+import numpy as np
+
+from benchmarks.ar_cpu import Vllm, measure_vllm
+from benchmarks.common import bench_main, new_plot, save_plot
+from benchmarks.quality import agreement, facts_kept, greedy_replies, is_correct
 from models.cache import configure_engine_caches, default_cache_dir
 from models.cpu_variant import LlmVariant, cpu_description, default_variant
 from models.llm import LlmEngine
 from models.prepare import ModelChoice, prepare
+
+if TYPE_CHECKING:
+    from duplex.config import Config
 
 VARIANTS = tuple(
     LlmVariant(weights, dtype, execution)
@@ -133,3 +139,30 @@ def bench_ar_variants(config: Config, quick: bool = False, only: list[str] | Non
         "correct_by_speedup": [name for _, name in reversed(correct)],
         "variants": results,
     }
+
+
+def measure(config: Config, args: argparse.Namespace) -> dict[str, Any]:
+    only = [v for v in args.variants.split(",") if v.strip()]
+    return bench_ar_variants(config, quick=args.quick, only=only)
+
+
+def plot(result: dict[str, Any]) -> None:
+    measured = {name: r for name, r in result["variants"].items() if "decode_tok_s" in r}
+    fig, ax = new_plot()
+    x = np.arange(len(measured))
+    for offset, key, label in (
+        (-0.2, "decode_tok_s", "decode, 1 sequence"),
+        (0.2, "batched_8_tok_s", "8 batched / 8"),
+    ):
+        scale = 8 if key == "batched_8_tok_s" else 1
+        ax.bar(x + offset, [r[key] / scale for r in measured.values()], width=0.4, label=label)
+    names = [name + ("" if r["correct"] else " (wrong)") for name, r in measured.items()]
+    ax.set_xticks(x, names, rotation=30, ha="right", fontsize=7)
+    cpu = result["cpu"]
+    save_plot(
+        fig, ax, "ar_variants", f"LLM variants on {cpu['model']} ({cpu['kind']})", "tokens/s per sequence"
+    )
+
+
+if __name__ == "__main__":
+    bench_main("ar-variants", measure, plot)

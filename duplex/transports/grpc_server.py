@@ -1,4 +1,4 @@
-"""The gRPC listener: `duplex.v1.Duplex` (duplex/grpc_converse.py), standard health and
+"""The gRPC listener: `duplex.v1.Duplex` (duplex/transports/grpc_stream.py), standard health and
 reflection."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from grpc_reflection.v1alpha import reflection
 
 from audio_io._proto import duplex_pb2, duplex_pb2_grpc
 from duplex.config import Config
-from duplex.grpc_converse import DuplexService
 from duplex.sessions import Sessions
+from duplex.transports.grpc_stream import DuplexService
 
 PUBLIC_METHODS = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 

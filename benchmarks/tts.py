@@ -8,14 +8,17 @@ frame. The real-time factor is synthesis time over audio time, engine-wide.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from duplex.bench.stats import percentiles
-from duplex.config import Config
-from duplex.speech_cli import model_path
+from benchmarks.common import bench_main, new_plot, percentiles, save_plot, sessions_of
+from models.prepare import model_path
 from models.tts import TtsEngine, WordMark
+
+if TYPE_CHECKING:
+    from duplex.config import Config
 
 REPLIES = (
     "Sure.",
@@ -83,3 +86,23 @@ def bench_tts(config: Config, sessions: list[int], quick: bool = False) -> dict[
         tts.close()
     first = runs[str(sessions[0])]
     return {"first_audio_ms": first["first_audio_ms"], "rtf": first["rtf"], "sessions": runs}
+
+
+def measure(config: Config, args: argparse.Namespace) -> dict[str, Any]:
+    return bench_tts(config, sessions_of(args), quick=args.quick)
+
+
+def plot(result: dict[str, Any]) -> None:
+    fig, ax = new_plot()
+    for n, run in result["sessions"].items():
+        by_words = run["first_audio_ms_by_first_phrase_words"]
+        ax.plot(
+            [int(w) for w in by_words], [v["p50"] for v in by_words.values()], "o-", label=f"{n} sessions"
+        )
+    ax.axhline(80, color="red", linestyle="--", label="goal: 80 ms p50")
+    ylabel = "first audio after first phrase (ms, p50)"
+    save_plot(fig, ax, "tts", "TTS first-audio latency", ylabel, "words in the first phrase", legend_size=7)
+
+
+if __name__ == "__main__":
+    bench_main("tts", measure, plot)

@@ -28,13 +28,15 @@ from typing import Any
 
 from aiohttp import web
 
-from audio_io.frame import AudioFrame
+from audio_io.frame import AudioFrame, Int16Array
 from audio_io.webrtc import RATE, OfferError, WebRtcPeer, ice_ufrag
-from duplex import events as ev
 from duplex.config import Config
 from duplex.events import Event, SessionError
-from duplex.session import Session, SessionConfig
+from duplex.session_config import SessionConfig
 from duplex.sessions import Sessions
+from duplex.transports.link import Link
+from duplex.transports.output import Cursor, OutputStage
+from duplex.transports.port import SessionPort
 
 log = logging.getLogger("duplex.webrtc")
 
@@ -42,22 +44,27 @@ MAX_CONTROL_BYTES = 64 * 1024
 OFFER_CONFIG_KEYS = ("system_prompt", *SessionConfig.RUNTIME_KEYS)
 
 
-class PeerSink:
-    """The session's `Sink` for one peer connection."""
+class PeerWire:
+    """A peer connection's output: 20 ms frames at 48 kHz for its track (which sends
+    them on its own clock), every event as JSON on the ``events`` data channel."""
+
+    rate = RATE
 
     def __init__(self, peer: WebRtcPeer) -> None:
         self.peer = peer
 
-    def audio(self, frame: AudioFrame, response_id: str) -> None:
-        self.peer.audio(frame)
+    def frame(self, samples: Int16Array, cursor: Cursor) -> list[Int16Array]:
+        return [samples]
 
-    def event(self, event: Event) -> None:
-        if event.type == ev.RESPONSE_DONE:
-            self.peer.end_of_audio(played_out=event.data.get("status") == "completed")
+    def event(self, event: Event) -> list[Int16Array]:
         self.peer.send(json.dumps(event.as_dict()))
+        return []
 
-    def flush(self) -> None:
-        self.peer.flush()
+    def end_reply(self, cursor: Cursor, completed: bool) -> list[Int16Array]:
+        return []
+
+    def flushed(self) -> list[Int16Array]:
+        return []
 
 
 def _error(status: int, code: str, message: str) -> web.Response:
@@ -87,10 +94,10 @@ class _Inbound:
     that comes before is dropped)."""
 
     def __init__(self) -> None:
-        self.session: Session | None = None
-        self._control: Callable[[Session, str], Awaitable[None]] | None = None
+        self.session: SessionPort | None = None
+        self._control: Callable[[SessionPort, str], Awaitable[None]] | None = None
 
-    def attach(self, session: Session, control: Callable[[Session, str], Awaitable[None]]) -> None:
+    def attach(self, session: SessionPort, control: Callable[[SessionPort, str], Awaitable[None]]) -> None:
         self.session, self._control = session, control
 
     def push(self, frame: AudioFrame) -> None:
@@ -110,7 +117,7 @@ class WebRtcEndpoint:
         self.sessions = sessions
         self.peers: dict[str, WebRtcPeer] = {}  # by session id
         self._ufrags: set[str] = set()  # ICE ufrags of offers being answered
-        self._supervisors: set[asyncio.Task[None]] = set()
+        self._links: dict[str, Link] = {}  # by session id
 
     def routes(self, app: web.Application) -> None:
         app.router.add_post("/webrtc/offer", self.offer)
@@ -158,10 +165,11 @@ class WebRtcEndpoint:
             connect_timeout_s=self.config.webrtc_connect_timeout_s,
         )
         inbound = _Inbound()
-        session: Session | None = None
+        stage = OutputStage(PeerWire(peer), peer.track.outbox)
+        session: SessionPort | None = None
         try:
             answer = await peer.answer(sdp, inbound.push, inbound.control)
-            session = await self.sessions.open(PeerSink(peer), config)
+            session = await self.sessions.open(stage, config)
         except (OfferError, SessionError) as e:
             await peer.close()
             return _error(_STATUS.get(e.code, 400), e.code, str(e))
@@ -172,28 +180,28 @@ class WebRtcEndpoint:
             raise
         inbound.attach(session, self._control)
         self.peers[session.id] = peer
-        task = asyncio.create_task(self._supervise(session, peer), name=f"{session.id}-webrtc")
-        self._supervisors.add(task)
-        task.add_done_callback(self._supervisors.discard)
+        self._link(session, peer, stage)
         log.info("webrtc session %s: answered", session.id)
         return web.json_response({"type": "answer", "sdp": answer, "session_id": session.id})
 
-    async def _supervise(self, session: Session, peer: WebRtcPeer) -> None:
-        """Whichever of the two closes first, close the other."""
-        try:
-            done = [asyncio.ensure_future(peer.closed.wait()), asyncio.ensure_future(session.closed.wait())]
-            try:
-                await asyncio.wait(done, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for waiter in done:
-                    waiter.cancel()
-        finally:
+    def _link(self, session: SessionPort, peer: WebRtcPeer, stage: OutputStage[Any]) -> None:
+        """The session and its peer connection close together, whichever goes first."""
+
+        async def close_peer() -> None:
             self.peers.pop(session.id, None)
-            await self.sessions.close(session)
+            self._links.pop(session.id, None)
             await peer.close()
             log.info("webrtc session %s: closed", session.id)
 
-    async def _control(self, session: Session, text: str) -> None:
+        async def when_peer_closes() -> None:
+            await peer.closed.wait()
+            await link.close()
+
+        link = Link(session, lambda: self.sessions.close(session), close_peer, stage.close)
+        link.own(when_peer_closes(), "webrtc-peer")
+        self._links[session.id] = link
+
+    async def _control(self, session: SessionPort, text: str) -> None:
         """A control message from the browser; bad ones get an ``error`` event."""
         try:
             if len(text) > MAX_CONTROL_BYTES:
@@ -221,6 +229,4 @@ class WebRtcEndpoint:
             session.send_error(e)
 
     async def close_all(self) -> None:
-        for peer in list(self.peers.values()):
-            await peer.close()
-        await asyncio.gather(*self._supervisors, return_exceptions=True)
+        await asyncio.gather(*(link.close() for link in list(self._links.values())))

@@ -7,7 +7,7 @@ client written for it can talk to this server (base URL on our host, any key unl
         conversation.item.create (text), commit ─► Session.add_turn; response.create ─► Session.respond
         conversation.item.truncate ─► Session.truncate (clamped to what was sent)
         response.cancel ─► Session.cancel
-    session events ─► `RealtimeSink` ─► GA server events (items, parts, deltas, done)
+    session events ─► `RealtimeWire` ─► GA server events (items, parts, deltas, done)
 
 The runtime's events already carry the Realtime names; this module adds what the
 protocol wraps around them: item and response objects, content parts, base64 audio in
@@ -16,14 +16,11 @@ the session's output format.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
-import collections
 import itertools
 import json
 import logging
-import time
 from typing import Any
 
 import numpy as np
@@ -31,14 +28,17 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from audio_io.frame import AudioFrame, Int16Array
 from audio_io.g711 import decode_wire, encode_wire
-from audio_io.resample import FrameResampler, Resampler
+from audio_io.outbox import Outbox
+from audio_io.resample import Resampler
 from duplex import events as ev
-from duplex import ws_session
 from duplex.config import Config
 from duplex.events import Event, SessionError
-from duplex.realtime_session import FORMATS, RealtimeError, RealtimeSessionConfig
-from duplex.session import MAX_SYSTEM_PROMPT, Session, SessionConfig
+from duplex.session_config import MAX_SYSTEM_PROMPT, SessionConfig
 from duplex.sessions import Sessions
+from duplex.transports.link import send_all, websocket_link
+from duplex.transports.output import Cursor, OutputStage
+from duplex.transports.port import SessionPort
+from duplex.transports.realtime_config import FORMATS, RealtimeError, RealtimeSessionConfig
 
 log = logging.getLogger("duplex.realtime")
 
@@ -71,34 +71,34 @@ def _user_message(item_id: str, part: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-class RealtimeSink:
-    """The session's `Sink`: runtime events and audio as GA server events."""
+class RealtimeWire:
+    """A connection's output on the wire: runtime events and audio as GA server events
+    (sent through the connection's bookkeeping of items and responses)."""
 
     def __init__(self, connection: RealtimeConnection) -> None:
         self.connection = connection
-        self._frames: FrameResampler | None = None
         self._transcripts: dict[str, str] = {}  # response id -> text so far
         self._partial: dict[str, str] = {}  # user item id -> transcript deltas sent
 
-    def audio(self, frame: AudioFrame, response_id: str) -> None:
-        config = self.connection.config
-        kind = config.output_format["type"]
-        if self._frames is None or self._frames.out_rate != FORMATS[kind]:
-            self._frames = FrameResampler(FORMATS[kind])
-        config.audio_started = True
-        for samples in self._frames.push(frame.samples, frame.sample_rate):
-            self._delta(response_id, samples)
+    @property
+    def rate(self) -> int:
+        return FORMATS[self.connection.config.output_format["type"]]
 
-    def _delta(self, response_id: str, samples: Int16Array) -> None:
-        law = LAWS[self.connection.config.output_format["type"]]
+    def frame(self, samples: Int16Array, cursor: Cursor) -> list[str]:
+        c = self.connection
+        c.config.audio_started = True
+        law = LAWS[c.config.output_format["type"]]
         data = base64.b64encode(encode_wire(samples, law)).decode()
-        self.connection.send("response.output_audio.delta", **self.connection.part(response_id), delta=data)
+        return [c.message("response.output_audio.delta", **c.part(cursor.response_id), delta=data)]
 
-    def flush(self) -> None:
-        if self._frames is not None:
-            self._frames.reset()
+    def end_reply(self, cursor: Cursor, completed: bool) -> list[str]:
+        return []
 
-    def event(self, event: Event) -> None:
+    def flushed(self) -> list[str]:
+        return []
+
+    def event(self, event: Event) -> list[str]:
+        """Sent as they are made (`RealtimeConnection.send`): nothing returned."""
         c, d = self.connection, event.data
         if event.type == ev.SPEECH_STARTED:
             c.send(
@@ -133,9 +133,6 @@ class RealtimeSink:
             self._transcripts[d["response_id"]] = self._transcripts.get(d["response_id"], "") + d["delta"]
             c.send("response.output_audio_transcript.delta", **c.part(d["response_id"]), delta=d["delta"])
         elif event.type == ev.RESPONSE_DONE:
-            if self._frames is not None:
-                for samples in self._frames.end(d["status"] == "completed"):
-                    self._delta(d["response_id"], samples)
             c.response_done(d["response_id"], d["status"], self._transcripts.pop(d["response_id"], ""))
         elif event.type == ev.TRUNCATED:
             c.truncated(d["item_id"], d["audio_end_ms"])
@@ -151,6 +148,7 @@ class RealtimeSink:
                     "event_id": None,
                 },
             )
+        return []
 
 
 class RealtimeConnection:
@@ -161,9 +159,8 @@ class RealtimeConnection:
     def __init__(self, ws: web.WebSocketResponse, config: RealtimeSessionConfig) -> None:
         self.ws = ws
         self.config = config
-        self.session: Session | None = None
-        self._outbox: collections.deque[str] = collections.deque()
-        self._ready = asyncio.Event()
+        self.session: SessionPort | None = None
+        self.outbox: Outbox[str] = Outbox(max_control=MAX_QUEUED)  # a client that reads nothing gets no more
         self._items: dict[str, dict[str, Any]] = {}  # by item id, as the client sees them
         self._order: list[str] = []
         self._responses: dict[str, str] = {}  # response id -> its item id
@@ -174,18 +171,11 @@ class RealtimeConnection:
 
     # -- sending --
 
-    def send(self, type_: str, **fields: Any) -> None:
-        if len(self._outbox) >= MAX_QUEUED:
-            return  # a client that reads nothing gets nothing more (the session still ends cleanly)
-        self._outbox.append(json.dumps({"type": type_, "event_id": f"event_{next(self._events)}", **fields}))
-        self._ready.set()
+    def message(self, type_: str, **fields: Any) -> str:
+        return json.dumps({"type": type_, "event_id": f"event_{next(self._events)}", **fields})
 
-    async def writer(self) -> None:
-        while True:
-            await self._ready.wait()
-            self._ready.clear()
-            while self._outbox:
-                await self.ws.send_str(self._outbox.popleft())
+    def send(self, type_: str, **fields: Any) -> None:
+        self.outbox.put([self.message(type_, **fields)])
 
     def error(self, error: RealtimeError, event_id: str | None) -> None:
         self.send("error", error=error.body(event_id))
@@ -307,7 +297,7 @@ class RealtimeConnection:
         if self.config.turn_detection != before[0]:
             self.apply_turn_detection()
         if self.config.instructions != before[1]:
-            self.session.conversation.set_system_prompt(self.config.instructions or None)
+            self.session.set_instructions(self.config.instructions or None)
         self.send("session.updated", session=self.config.as_dict())
 
     def apply_turn_detection(self) -> None:
@@ -347,7 +337,7 @@ class RealtimeConnection:
         if self.config.turn_detection is not None:
             self.session.push_audio(AudioFrame(pcm, RUNTIME_INPUT_RATE))
             return
-        self.session.last_input = time.monotonic()  # manual turns: held until commit
+        self.session.touch()  # manual turns: held until commit
         if self._buffered + pcm.size > MAX_BUFFER_S * RUNTIME_INPUT_RATE:
             raise RealtimeError(
                 f"The input audio buffer holds at most {MAX_BUFFER_S} s: commit or clear it.",
@@ -435,7 +425,7 @@ class RealtimeConnection:
         item_id = f"item_audio_{next(self._text_items)}"
         self.user_item(item_id, committed=True)
         assert self.session is not None
-        transcript = await asyncio.to_thread(self.session.engines.asr.transcribe, audio)
+        transcript = await self.session.transcribe(audio)
         self.send(
             "conversation.item.input_audio_transcription.completed",
             item_id=item_id,
@@ -472,7 +462,7 @@ class RealtimeEndpoint:
         ws = web.WebSocketResponse(max_msg_size=MAX_EVENT_BYTES, heartbeat=None)
         await ws.prepare(request)
         try:
-            engines = self.sessions.check_room()
+            voice = self.sessions.check_room()
         except SessionError as e:
             await ws.send_str(
                 json.dumps(
@@ -485,18 +475,16 @@ class RealtimeEndpoint:
             )
             await ws.close(code=WSCloseCode.TRY_AGAIN_LATER, message=e.code.encode())
             return ws
-        settings = RealtimeSessionConfig(
-            "", engines.tts.name, self.config.system_prompt or "", MAX_SYSTEM_PROMPT
-        )
+        settings = RealtimeSessionConfig("", voice.name, self.config.system_prompt or "", MAX_SYSTEM_PROMPT)
         connection = RealtimeConnection(ws, settings)
-        sink = RealtimeSink(connection)
-        session = await self.sessions.open(sink, SessionConfig(input_rate=RUNTIME_INPUT_RATE))
+        stage = OutputStage(RealtimeWire(connection), connection.outbox)
+        session = await self.sessions.open(stage, SessionConfig(input_rate=RUNTIME_INPUT_RATE))
         settings.id = session.id
         connection.session = session
         connection.apply_turn_detection()  # the API's defaults, as session.created shows them
         connection.send("session.created", session=settings.as_dict())
-        writer = asyncio.create_task(connection.writer(), name=f"{session.id}-realtime-send")
-        closer = ws_session.hang_up_when_closed(session, ws, f"{session.id}-realtime-close")
+        link = websocket_link(self.sessions, session, stage, ws)
+        link.own(send_all(connection.outbox, ws.send_str), "realtime-send")
         try:
             async for msg in ws:
                 if msg.type == WSMsgType.TEXT:
@@ -506,5 +494,5 @@ class RealtimeEndpoint:
                 elif msg.type == WSMsgType.ERROR:
                     break
         finally:
-            await ws_session.end(self.sessions, session, ws, writer, closer)
+            await link.close()
         return ws

@@ -13,17 +13,18 @@ the caller's turn):
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 import numpy as np
 
 from audio_io.pcm import RUNTIME_RATE
 from audio_io.resample import resample
-from duplex.bench.conversation import clips_for, run_sessions, with_engines
-from duplex.bench.stats import percentiles
+from benchmarks.common import bench_main, new_plot, percentiles, save_plot
+from benchmarks.conversation import clips_for, run_sessions, with_engines
 from duplex.config import Config
 from duplex.engines import Engines
-from duplex.session import SessionConfig
+from duplex.session_config import SessionConfig
 from models.speech_set import SENTENCES
 from models.tts import voiced_span
 from models.vad import VadConfig, VadEngine, VadEventKind
@@ -73,3 +74,28 @@ def bench_endpoint(
         "split_rate: two-sentence turns of the spoken test set ended early by the VAD at that "
         "silence; v2v_ms: one real-time session of questions with echo at -20 dB",
     )
+
+
+def measure(config: Config, args: argparse.Namespace) -> dict[str, Any]:
+    return bench_endpoint(config, turns=args.turns or 10)
+
+
+def plot(result: dict[str, Any]) -> None:
+    """Split rate and voice-to-voice by setting."""
+    settings = sorted(result["end_of_turn_ms"], key=int)
+    rows = [result["end_of_turn_ms"][s] for s in settings]
+    fig, ax = new_plot()
+    ax.plot([int(s) for s in settings], [r["v2v_ms"]["p50"] for r in rows], "o-", label="voice-to-voice p50")
+    ax.plot(
+        [int(s) for s in settings],
+        [r["split_rate"] * 1000 for r in rows],
+        "s--",
+        label="turns split, per mille",
+    )
+    save_plot(
+        fig, ax, "endpoint", "End-of-turn silence (CPU, 2 cores)", "ms / per mille", xlabel="end_of_turn_ms"
+    )
+
+
+if __name__ == "__main__":
+    bench_main("endpoint", measure, plot)

@@ -16,6 +16,7 @@ at -20 dB, 40-250 ms late (a speakerphone without echo cancellation). Its script
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import time
@@ -29,13 +30,14 @@ import psutil
 from audio_io.pcm import RUNTIME_RATE
 from audio_io.resample import resample
 from audio_io.wav import read_wav
+from benchmarks.common import bench_main, new_plot, percentiles, save_plot, sessions_of
 from duplex import events as ev
-from duplex.bench.stats import percentiles
 from duplex.caller import Silence, Speak, Step, UntilHeard, UntilReplyDone, VirtualCaller, heard_by_marks
 from duplex.config import Config
 from duplex.engines import Engines
 from duplex.metrics import LoopLag
-from duplex.session import Session, SessionConfig
+from duplex.session import Session
+from duplex.session_config import SessionConfig
 from models.cpu_variant import cpu_description
 
 QUESTIONS = ("What is the capital city of France?", "Name a big river in Europe.", "What do bees make?")
@@ -215,3 +217,29 @@ def bench_conversation(
         "voice to the first reply frame; barge-in stop from the interrupting voice's onset to the "
         "last frame of the cut reply",
     )
+
+
+def measure(config: Config, args: argparse.Namespace) -> dict[str, Any]:
+    return bench_conversation(config, sessions_of(args), args.utterances, args.turns)
+
+
+def plot(result: dict[str, Any]) -> None:
+    """Voice-to-voice by load and, for the long session, by turn."""
+    fig, ax = new_plot()
+    loads = sorted(result["sessions"], key=int)
+    for key, label in (("p50", "voice-to-voice p50"), ("p95", "voice-to-voice p95")):
+        ax.plot(
+            [int(n) for n in loads], [result["sessions"][n]["v2v_ms"][key] for n in loads], "o-", label=label
+        )
+    stops = [result["sessions"][n]["bargein_stop_ms"]["p95"] for n in loads]
+    ax.plot([int(n) for n in loads], stops, "s--", label="barge-in stop p95")
+    save_plot(fig, ax, "conversation_load", "Whole sessions by load (CPU, 2 cores)", "ms", xlabel="sessions")
+    if "long_session" in result:
+        by_turn = result["long_session"]["v2v_ms_by_turn"]
+        fig, ax = new_plot()
+        ax.plot(range(1, len(by_turn) + 1), by_turn, ".-", label="voice-to-voice")
+        save_plot(fig, ax, "conversation_long", f"One session, {len(by_turn)} turns", "ms", xlabel="turn")
+
+
+if __name__ == "__main__":
+    bench_main("conversation", measure, plot)

@@ -24,7 +24,6 @@ oversized frame, 1013 when the server is full or loading).
 from __future__ import annotations
 
 import asyncio
-import collections
 import hmac
 import logging
 
@@ -35,13 +34,15 @@ from prometheus_client import Counter
 from audio_io import twilio
 from audio_io.frame import AudioFrame, Int16Array
 from audio_io.g711 import ulaw_decode, ulaw_encode
-from audio_io.resample import FrameResampler
+from audio_io.outbox import Outbox
 from duplex import events as ev
-from duplex import ws_session
 from duplex.config import Config
 from duplex.events import Event, SessionError
-from duplex.session import Session, SessionConfig
+from duplex.session_config import SessionConfig
 from duplex.sessions import Sessions
+from duplex.transports.link import send_all, websocket_link
+from duplex.transports.output import Cursor, OutputStage
+from duplex.transports.port import SessionPort
 
 log = logging.getLogger("duplex.twilio")
 
@@ -59,93 +60,50 @@ BAD_MESSAGES = Counter(
 MEDIA_DROPPED = Counter("duplex_twilio_media_dropped_total", "reply audio frames dropped for a slow socket")
 
 
-class _Outbox:
-    """Messages waiting for the socket, in order; audio beyond a bound is dropped."""
+class TwilioWire:
+    """A call's output on the wire: 20 ms μ-law media, marks, ``clear``."""
 
-    def __init__(self) -> None:
-        self._items: collections.deque[tuple[str, str]] = collections.deque()  # (kind, text)
-        self._media = 0
-        self.ready = asyncio.Event()
+    rate = twilio.RATE
 
-    def put(self, kind: str, text: str) -> None:
-        """``kind``: "media", "mark" (both dropped by `drop_audio`) or "control"."""
-        if kind == "media":
-            if self._media >= MAX_QUEUED_MEDIA:
-                MEDIA_DROPPED.inc()
-                return
-            self._media += 1
-        self._items.append((kind, text))
-        self.ready.set()
-
-    def drop_audio(self) -> None:
-        self._items = collections.deque(i for i in self._items if i[0] == "control")
-        self._media = 0
-
-    async def send_to(self, ws: web.WebSocketResponse) -> None:
-        while True:
-            await self.ready.wait()
-            self.ready.clear()
-            while self._items:
-                kind, text = self._items.popleft()
-                self._media -= kind == "media"
-                await ws.send_str(text)
-
-
-class TwilioSink:
-    """The session's `Sink` for one call."""
-
-    def __init__(self, outbox: _Outbox, stream_sid: str, voice_rate: int) -> None:
-        self.outbox = outbox
+    def __init__(self, stream_sid: str, voice_rate: int) -> None:
         self.stream_sid = stream_sid
         self.voice_rate = voice_rate
-        self._frames = FrameResampler(twilio.RATE)
-        self._position = 0  # voice-rate samples the session has sent (the ledger's stream)
-        self._reply = ""  # the reply being sent
-        self._reply_start = 0  # its first sample's position
+        self._cursor = Cursor()  # the reply being sent (stream positions at the voice's rate)
         self._reply_sent = 0  # its samples sent, at 8 kHz
         self._since_mark = 0  # media messages since the last mark
         self._marks: dict[str, int] = {}  # out, not yet echoed: name -> stream position
         self.played = 0  # stream position of the last echoed mark
 
-    def audio(self, frame: AudioFrame, response_id: str) -> None:
-        if response_id != self._reply:
-            self._reply, self._reply_start, self._reply_sent = response_id, self._position, 0
-        self._position += frame.num_samples
-        for samples in self._frames.push(frame.samples, frame.sample_rate):
-            self._media(samples)
-            if self._since_mark >= MARK_EVERY:
-                self._mark()
-
-    def _media(self, samples: Int16Array) -> None:
-        self.outbox.put("media", twilio.media(self.stream_sid, ulaw_encode(samples).tobytes()))
+    def frame(self, samples: Int16Array, cursor: Cursor) -> list[str]:
+        if cursor is not self._cursor:
+            self._cursor, self._reply_sent = cursor, 0
         self._reply_sent += samples.size
         self._since_mark += 1
+        media = twilio.media(self.stream_sid, ulaw_encode(samples).tobytes())
+        return [media, self._mark()] if self._since_mark >= MARK_EVERY else [media]
 
-    def _mark(self) -> None:
+    def _mark(self) -> str:
         """A mark at the end of the audio sent so far."""
+        cursor = self._cursor
         sent = self._reply_sent * self.voice_rate // twilio.RATE
-        position = min(self._position, self._reply_start + sent)  # the last frame is padded
-        name = f"{self._reply}:{(position - self._reply_start) * 1000 // self.voice_rate}"
+        position = min(cursor.end, cursor.start + sent)  # the last frame is padded
+        name = f"{cursor.response_id}:{(position - cursor.start) * 1000 // self.voice_rate}"
         self._marks[name] = position
         self._since_mark = 0
-        self.outbox.put("mark", twilio.mark(self.stream_sid, name))
+        return twilio.mark(self.stream_sid, name)
 
-    def event(self, event: Event) -> None:
-        if event.type == ev.RESPONSE_DONE:
-            completed = event.data.get("status") == "completed"
-            for samples in self._frames.end(completed):
-                self._media(samples)
-            if completed and self._since_mark:  # the reply's last mark
-                self._mark()
-        elif event.type == ev.ERROR:
+    def end_reply(self, cursor: Cursor, completed: bool) -> list[str]:
+        return [self._mark()] if completed and self._since_mark else []  # the reply's last mark
+
+    def event(self, event: Event) -> list[str]:
+        if event.type == ev.ERROR:
             log.info("twilio %s: %s", self.stream_sid, event.data["error"]["message"])
+        return []
 
-    def flush(self) -> None:
-        self.outbox.drop_audio()
-        self._frames.reset()
+    def flushed(self) -> list[str]:
         self._marks.clear()
         self._since_mark = 0
-        self.outbox.put("control", twilio.clear(self.stream_sid))
+        return [twilio.clear(self.stream_sid)]
 
     def echoed(self, name: str) -> int | None:
         """The stream position a mark's echo says was played (None: not one of ours,
@@ -171,7 +129,7 @@ class TwilioEndpoint:
     def __init__(self, config: Config, sessions: Sessions) -> None:
         self.config = config
         self.sessions = sessions
-        self.calls: dict[str, Session] = {}  # by stream sid
+        self.calls: dict[str, SessionPort] = {}  # by stream sid
 
     def routes(self, app: web.Application) -> None:
         app.router.add_get(PATH, self.stream)
@@ -232,27 +190,27 @@ class TwilioEndpoint:
             raise _CallEnd(WSCloseCode.POLICY_VIOLATION, "missing or wrong token")
         if start.stream_sid in self.calls:
             raise _CallEnd(WSCloseCode.POLICY_VIOLATION, "this streamSid already has a call")
-        outbox = _Outbox()
         try:
-            engines = self.sessions.check_room()
-            sink = TwilioSink(outbox, start.stream_sid, engines.tts.sample_rate)
+            voice = self.sessions.check_room()
+            wire = TwilioWire(start.stream_sid, voice.sample_rate)
+            stage = OutputStage(wire, Outbox(MAX_QUEUED_MEDIA, on_drop=MEDIA_DROPPED.inc))
             session = await self.sessions.open(
-                sink, SessionConfig(input_rate=twilio.RATE, playback_acks=True)
+                stage, SessionConfig(input_rate=twilio.RATE, playback_acks=True)
             )
         except SessionError as e:
             raise _CallEnd(WSCloseCode.TRY_AGAIN_LATER, f"{e.code}: {e}") from None
         self.calls[start.stream_sid] = session
         log.info("twilio call %s (stream %s): session %s", start.call_sid, start.stream_sid, session.id)
-        writer = asyncio.create_task(outbox.send_to(ws), name=f"{session.id}-twilio-send")
-        closer = ws_session.hang_up_when_closed(session, ws, f"{session.id}-twilio-close")
+        link = websocket_link(self.sessions, session, stage, ws)
+        link.own(send_all(stage.outbox, ws.send_str), "twilio-send")
         try:
-            await self._media(ws, session, sink)
+            await self._media(ws, session, wire)
         finally:
             self.calls.pop(start.stream_sid, None)
-            await ws_session.end(self.sessions, session, ws, writer, closer)
+            await link.close()
             log.info("twilio call %s: ended", start.call_sid)
 
-    async def _media(self, ws: web.WebSocketResponse, session: Session, sink: TwilioSink) -> None:
+    async def _media(self, ws: web.WebSocketResponse, session: SessionPort, wire: TwilioWire) -> None:
         bad = 0
         next_ms: int | None = None  # the timestamp the next media should carry
         async for msg in ws:
@@ -274,7 +232,7 @@ class TwilioEndpoint:
                         if message.track == "inbound" and message.payload:
                             next_ms = self._push(session, message, next_ms)
                     elif isinstance(message, twilio.Mark):
-                        position = sink.echoed(message.name)
+                        position = wire.echoed(message.name)
                         if position is not None:
                             session.playback(position)
                     elif isinstance(message, twilio.Dtmf):
@@ -286,7 +244,7 @@ class TwilioEndpoint:
                 return
 
     @staticmethod
-    def _push(session: Session, media: twilio.Media, next_ms: int | None) -> int | None:
+    def _push(session: SessionPort, media: twilio.Media, next_ms: int | None) -> int | None:
         """Decode and hand over one media message; a gap in the timestamps (audio the
         provider never got) becomes silence, so the session's clock stays the call's."""
         if media.timestamp_ms is not None and next_ms is not None:

@@ -1,0 +1,116 @@
+"""`Inbound`: the caller's audio on its way to be heard: its checks, its queue, when each
+part of it arrived, and how loud it is against the echo of what was sent. Bookkeeping;
+the session decides what to do with it.
+
+    push(frame) ─► format, overflow ─► queue ─► next(): 16 kHz mono + its arrival time
+                                                          │
+    arrival(position) ◄──── (stream position, time) ◄─────┘  for the last 200 frames
+
+Arrival times are taken when the transport hands a frame over, not when it is heard:
+echo checks and latencies must not drift when hearing lags (a loaded machine). A frame
+in the wrong format, or one more than ``max_inbound_s`` of queued audio allows, is
+refused with a typed error, told once until a good frame comes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import collections
+import time
+
+import numpy as np
+
+from audio_io.frame import AudioFrame, Int16Array
+from audio_io.pcm import RUNTIME_RATE
+from audio_io.resample import Resampler, downmix
+from duplex.echo import EchoGate, band_levels_db, level_db
+from duplex.events import SessionError
+from duplex.session_config import SessionConfig
+
+LEVEL_WINDOW = RUNTIME_RATE // 50  # levels are compared over 20 ms
+ARRIVALS_KEPT = 200  # frames whose arrival times are kept: 4 s of 20 ms frames
+
+
+class Inbound:
+    def __init__(self, config: SessionConfig, echo: EchoGate) -> None:
+        self.rate, self.channels, self.max_s = config.input_rate, config.input_channels, config.max_inbound_s
+        self.echo = echo
+        self._resampler = Resampler(config.input_rate, RUNTIME_RATE)
+        self._queue: asyncio.Queue[tuple[AudioFrame, float]] = asyncio.Queue()  # with arrival time
+        self._queued_s = 0.0
+        self._told: set[str] = set()  # error codes told since the last good frame
+        self._arrivals: list[tuple[int, float]] = []  # (16 kHz stream end position, arrival time)
+        self._levels: collections.deque[float] = collections.deque(maxlen=100)  # dBFS, 20 ms each
+
+    def push(self, frame: AudioFrame) -> SessionError | None:
+        """Queue a frame from the transport; if it is refused, the error to tell the
+        client (None if it was told since the last good frame)."""
+        if frame.sample_rate != self.rate or frame.channels != self.channels:
+            return self._once(
+                SessionError(
+                    "bad_audio_format",
+                    f"audio at {frame.sample_rate} Hz x{frame.channels}, the session takes "
+                    f"{self.rate} Hz x{self.channels}",
+                )
+            )
+        if self._queued_s + frame.duration > self.max_s:
+            return self._once(SessionError("input_overflow", "audio arrives faster than real time; dropped"))
+        self._told.clear()  # a good frame: the next bad one is told again
+        self._queued_s += frame.duration
+        self._queue.put_nowait((frame, time.monotonic()))
+        return None
+
+    def _once(self, error: SessionError) -> SessionError | None:
+        if error.code in self._told:
+            return None
+        self._told.add(error.code)
+        return error
+
+    async def next(self, position: int) -> tuple[Int16Array, float]:
+        """The next frame, 16 kHz mono, and when it arrived; ``position``: the stream
+        position it begins at (the `Listener`'s)."""
+        frame, arrived = await self._queue.get()
+        self._queued_s = max(0.0, self._queued_s - frame.duration)
+        samples = self._resampler.process(downmix(frame.samples, frame.channels))
+        self._arrivals.append((position + samples.size, arrived))
+        del self._arrivals[: max(0, len(self._arrivals) - ARRIVALS_KEPT)]
+        return samples, arrived
+
+    def arrival(self, position: int) -> float:
+        """When the audio at this 16 kHz stream position arrived (now, if it has not)."""
+        i = bisect.bisect_left(self._arrivals, position, key=lambda arrival: arrival[0])
+        return self._arrivals[i][1] if i < len(self._arrivals) else time.monotonic()
+
+    def level(self, samples: Int16Array) -> tuple[float, float]:
+        """The level of a frame (dBFS), and the room's: the quietest of the last 100 frames
+        (2 s) measured here."""
+        level = level_db(samples)
+        self._levels.append(level)
+        return level, min(self._levels)
+
+    def may_be_echo(self, samples: Int16Array, since: float, now: float) -> bool:
+        """This frame, arrived at ``now``, is no louder than the echo of what was sent
+        from ``since`` on could be."""
+        return self.echo.is_echo(band_levels_db(samples, RUNTIME_RATE), since, now)
+
+    def train_echo(self, samples: Int16Array, arrived: float) -> None:
+        """Inbound audio at the start of a reply is its echo, measured (`EchoGate.train`)."""
+        n = samples.size // LEVEL_WINDOW
+        if n and self.echo.measuring(arrived):
+            windows = samples[: n * LEVEL_WINDOW].reshape(n, LEVEL_WINDOW)
+            self.echo.train(band_levels_db(windows, RUNTIME_RATE), arrived)
+
+    def first_above_echo(self, audio: Int16Array, start: int) -> int | None:
+        """The stream position of the first 20 ms of ``audio`` (which begins at ``start``)
+        that is louder, in either band, than the reply's echo could be: than the loudest
+        audio sent from 0.4 s before ``start`` until now, less the suppression (the test
+        the quick pause makes on each frame). A reference per 20 ms window (0.4 s before
+        its own arrival), tried, let the reply's echo interrupt it: 10 false interruptions
+        in 16 barge-ins with echo. None if all of it may be echo."""
+        n = audio.size // LEVEL_WINDOW
+        if n == 0:
+            return None
+        windows = band_levels_db(audio[: n * LEVEL_WINDOW].reshape(n, LEVEL_WINDOW), RUNTIME_RATE)
+        callers = np.flatnonzero(self.echo.callers(windows, self.arrival(start), time.monotonic()))
+        return start + int(callers[0]) * LEVEL_WINDOW if callers.size else None

@@ -1,0 +1,264 @@
+"""`Reply`: one assistant reply in flight, the owner of the three tasks that make it.
+
+    words (LLM) ─► _generate ─► TtsStream ─► _synthesize ─► Pacer ─► _send ─► Sink.audio
+                      │ text, events              │ marks, samples      │ sent (echo gate)
+                      ▼                           ▼                     ▼
+    Sink.event ◄─ emit (held: kept back)       PlayoutLedger ◄──────────┘
+
+Its lifecycle, every allowed transition in one table (`_ALLOWED`):
+
+    HELD     ─► PLAYING (released) | DROPPED (the caller went on) | DONE (nothing to say)
+    PLAYING  ─► PAUSED (the caller's voice over it) | DONE (played out) | CUT
+    PAUSED   ─► PLAYING (resumed) | DONE | CUT (barge-in, cancel, truncate, close)
+
+HELD: speculative, begun at a pause in the caller's voice: silent, its events kept back
+until it is released (never told if it is not). DONE, CUT and DROPPED are final. The
+reply's work is cancelled in one place, `stop`; the transport hears of its end
+(`Sink.end_reply`) just before its ``response.done``, in `_deliver`. The session
+decides when it ends (`end`) and settles what a stopped reply leaves in the ledger and
+the conversation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from audio_io.ledger import PlayoutLedger, TextMark
+from audio_io.pacer import Pacer
+from duplex import events as ev
+from duplex.echo import EchoGate
+from duplex.events import Event, SessionError
+from duplex.transports.port import Sink
+from duplex.turn import TurnTimes
+from models.llm import LlmError
+from models.tts import TtsStream, WordMark
+
+log = logging.getLogger("duplex.reply")
+
+
+class ReplyState(enum.Enum):
+    HELD = "held"
+    PLAYING = "playing"
+    PAUSED = "paused"
+    DONE = "done"
+    CUT = "cut"
+    DROPPED = "dropped"
+
+
+_ALLOWED: dict[ReplyState, frozenset[ReplyState]] = {
+    ReplyState.HELD: frozenset({ReplyState.PLAYING, ReplyState.DROPPED, ReplyState.DONE}),
+    ReplyState.PLAYING: frozenset({ReplyState.PAUSED, ReplyState.DONE, ReplyState.CUT}),
+    ReplyState.PAUSED: frozenset({ReplyState.PLAYING, ReplyState.DONE, ReplyState.CUT}),
+    ReplyState.DONE: frozenset(),
+    ReplyState.CUT: frozenset(),
+    ReplyState.DROPPED: frozenset(),
+}
+
+
+@dataclass(frozen=True)
+class Outlet:
+    """Where a session's replies go, and the books kept of what left."""
+
+    sink: Sink
+    ledger: PlayoutLedger  # text, word marks, samples generated, sent (and played)
+    echo: EchoGate  # what was sent, to tell the caller from its echo
+    played_when_sent: bool  # no playback reports: audio sent counts as played
+
+
+class ReplyHost(Protocol):
+    """What a reply tells its session; calls must not block."""
+
+    def send_error(self, error: SessionError) -> None: ...
+
+    def began(self, reply: Reply) -> None:
+        """The reply's first frame is leaving."""
+        ...
+
+    async def played_out(self, reply: Reply) -> None:
+        """Every frame of the reply has left."""
+        ...
+
+
+class Reply:
+    def __init__(
+        self,
+        id: str,
+        item_id: str,
+        user_text: str,
+        times: TurnTimes,
+        tts: TtsStream,
+        out: Outlet,
+        host: ReplyHost,
+        held: bool = False,
+    ) -> None:
+        self.id = id
+        self.item_id = item_id
+        self.user_text = user_text  # what it answers
+        self.times = times
+        self.tts = tts
+        self.pacer = Pacer()
+        self.state = ReplyState.HELD if held else ReplyState.PLAYING
+        self.tasks: list[asyncio.Task[None]] = []
+        self.synthesized = False  # TTS has produced every frame
+        self.stopped = False  # `stop` was called: none of its tasks runs again
+        self.quick_paused: float | None = None  # paused on a loud onset, awaiting the VAD's confirmation
+        self.announced = not held  # its events go to the client (else they are kept back)
+        self.held_events: list[Event] = []
+        self._out = out
+        self._ledger = out.ledger
+        self._host = host
+        self._abort: Callable[[], Awaitable[None]] | None = None
+        if held:
+            self.pacer.pause()
+
+    @property
+    def held(self) -> bool:
+        return self.state is ReplyState.HELD
+
+    def to(self, new: ReplyState) -> bool:
+        """Move to `new`; True if the state changed. A move the table forbids is a bug."""
+        old = self.state
+        if new is old:
+            return False
+        assert new in _ALLOWED[old], f"reply {self.id} {old.value} -> {new.value}"
+        self.state = new
+        return True
+
+    # -- the work --
+
+    def start(self, words: AsyncIterator[str], abort: Callable[[], Awaitable[None]]) -> None:
+        """Begin the work: the LLM's ``words`` are spoken (``abort`` stops the LLM)."""
+        assert not self.tasks, f"reply {self.id} started twice"
+        self._abort = abort
+        self.tasks = [
+            asyncio.create_task(self._generate(words), name=f"{self.id}-llm"),
+            asyncio.create_task(self._synthesize(), name=f"{self.id}-tts"),
+            asyncio.create_task(self._send(), name=f"{self.id}-send"),
+        ]
+
+    async def stop(self, cut: bool = False) -> None:
+        """Cancel the reply's LLM, TTS and send tasks (at once: none of them runs again)
+        and wait for them to end. ``cut``: its queued audio and TTS work go first, at
+        once (`Pacer.clear` is synchronous: nothing queued leaves after this call)."""
+        if cut:
+            self.pacer.clear()
+            self.tts.cancel()
+        self.stopped = True
+        for task in self.tasks:
+            task.cancel()
+        if self._abort is not None:
+            await self._abort()
+        await gather_cancelled(self.tasks)
+
+    async def _generate(self, words: AsyncIterator[str]) -> None:
+        try:
+            async for delta in words:
+                if self.times.first_token is None:
+                    self.times.first_token = time.monotonic()
+                self._ledger.turn(self.id).add_text(delta)
+                if self.tts.push_text(delta) and self.times.first_phrase is None:
+                    self.times.first_phrase = time.monotonic()
+                self.emit(ev.TEXT_DELTA, delta=delta)
+        except LlmError as e:
+            self._host.send_error(SessionError("llm_error", str(e)))
+        finally:
+            if self.tts.end_text() and self.times.first_phrase is None:
+                self.times.first_phrase = time.monotonic()
+
+    async def _synthesize(self) -> None:
+        turn = self._ledger.turn(self.id)
+        async for item in self.tts.frames():
+            if isinstance(item, WordMark):
+                turn.add_mark(TextMark(item.char_start, item.char_end, item.sample_start, item.sample_end))
+                continue
+            if self.times.first_audio is None:
+                self.times.first_audio = time.monotonic()
+            self._ledger.record_generated(self.id, item.num_samples)
+            self.pacer.put(item)
+        self.synthesized = True
+        self._ledger.finish_turn(self.id)
+        if self.pacer.queued_frames == 0:
+            self.pacer.close()
+
+    async def _send(self) -> None:
+        out = self._out
+        async for frame in self.pacer.frames():
+            now = time.monotonic()
+            if self.times.first_sent is None:
+                self.times.first_sent = now
+                self._host.began(self)
+            position = self._ledger.record_sent(self.id, frame.num_samples)
+            if out.played_when_sent:
+                self._ledger.record_played(position)
+            out.echo.record_sent(frame.samples, frame.sample_rate, now)
+            out.sink.audio(frame, self.id)
+            if self.synthesized and self.pacer.queued_frames == 0:
+                break
+        if self.synthesized:
+            await self._host.played_out(self)
+
+    # -- what the client is told, and when --
+
+    def emit(self, type_: str, **data: object) -> None:
+        """An event of this reply: kept back until it is released (for good, if it is not)."""
+        event = Event(type_, {"response_id": self.id, "item_id": self.item_id, **data})
+        if not self.announced:
+            self.held_events.append(event)
+        else:
+            self._deliver(event)
+
+    def release(self) -> None:
+        """The turn did end with the words this held reply answers: let it be heard."""
+        self.to(ReplyState.PLAYING)
+        self.announced = True
+        for event in self.held_events:
+            self._deliver(event)
+        self.held_events.clear()
+        self.pacer.resume()
+
+    def _deliver(self, event: Event) -> None:
+        if event.type == ev.RESPONSE_DONE:  # the transport sends (or drops) its last frame first
+            completed = event.data["status"] == "completed"
+            self._out.sink.end_reply(self.id, completed=completed)
+        self._out.sink.event(event)
+
+    def pause(self) -> None:
+        """Nothing more of it leaves until `resume` (a held reply is silent anyway)."""
+        if self.state is ReplyState.PLAYING:
+            self.to(ReplyState.PAUSED)
+            self.pacer.pause()
+
+    def resume(self) -> None:
+        if self.state is ReplyState.PAUSED:
+            self.to(ReplyState.PLAYING)
+            self.pacer.resume()
+
+    def end(self, status: str | None) -> None:
+        """It is over: played out, or stopped (cut; dropped if it was never heard). With
+        a ``status``, the client is told (``response.done``; a held reply's is kept back)."""
+        if status is not None:
+            self.emit(ev.RESPONSE_DONE, status=status)
+        if status == "completed":
+            self.to(ReplyState.DONE)
+        else:
+            self.to(ReplyState.DROPPED if self.held else ReplyState.CUT)
+
+    def said_lately(self, seconds: float) -> str:
+        """Its words sent in the last ``seconds``: what its echo would say."""
+        turn = self._ledger.turn(self.id)
+        earlier = turn.heard_text(max(0, turn.sent - int(seconds * self._ledger.sample_rate)))
+        return turn.heard_text(turn.sent)[len(earlier) :]
+
+
+async def gather_cancelled(tasks: list[asyncio.Task[None]]) -> None:
+    """Await tasks that were cancelled; any other failure is logged, not raised."""
+    results: list[object] = await asyncio.gather(*tasks, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
+            log.error("task failed", exc_info=result)

@@ -1,0 +1,115 @@
+"""`SessionConfig`: a session's settings, checked when made; the bad ones are a
+`SessionError` for the client that sent them (``bad_audio_format``, ``bad_config``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, ClassVar
+
+from audio_io.pcm import RUNTIME_RATE
+from duplex.events import SessionError
+
+if TYPE_CHECKING:
+    from models.vad import VadConfig
+
+MAX_SYSTEM_PROMPT = 8000  # characters
+
+
+def check_system_prompt(prompt: object) -> str | None:
+    """A system prompt (or instructions) as a client sent it: None, or a string of at
+    most `MAX_SYSTEM_PROMPT` characters; anything else is a ``bad_config`` error."""
+    if prompt is None:
+        return None
+    if not isinstance(prompt, str) or len(prompt) > MAX_SYSTEM_PROMPT:
+        raise SessionError(
+            "bad_config", f"system_prompt must be a string of at most {MAX_SYSTEM_PROMPT} chars"
+        )
+    return prompt
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    input_rate: int = RUNTIME_RATE
+    input_channels: int = 1
+    system_prompt: str | None = None
+    end_of_turn_ms: int = 500  # VAD silence that ends the caller's turn (duplex bench endpoint)
+    resume_false_interruptions: bool = True  # speech over the reply with no words resumes it
+    echo_suppression_db: float = 12.0
+    speculative_replies: bool = True  # begin the reply, silently, at a pause in the caller's voice
+    barge_in_min_speech_ms: int = 64  # while the reply plays, speech starts sooner (96 otherwise)
+    max_inbound_s: float = 10.0  # audio waiting to be heard; more is dropped, with an error
+    playback_acks: bool = False  # the transport reports playback; else sent counts as played
+    # pause the reply on a loud frame before the VAD decides: off by default until it is
+    # shown not to pause replies on their own echo (a CI run saw it do so once)
+    quick_pause: bool = False
+    word_times: bool = False  # final transcripts carry word times (~25-65 ms more per turn)
+    answer_turns: bool = True  # each finished user turn is answered; false: held for `respond`
+    barge_in: bool = True  # the caller's speech cuts the reply; false: it is the next turn
+    vad_threshold: float = 0.5  # speech probability that counts as speech
+    speech_prefix_ms: int = 30  # audio before the detected start that belongs to the utterance
+
+    # settings a client may change while the session runs (`Session.configure`)
+    RUNTIME_KEYS: ClassVar[tuple[str, ...]] = (
+        "end_of_turn_ms",
+        "resume_false_interruptions",
+        "speculative_replies",
+        "barge_in_min_speech_ms",
+        "echo_suppression_db",
+        "word_times",
+        "answer_turns",
+        "barge_in",
+        "vad_threshold",
+        "speech_prefix_ms",
+    )
+
+    def __post_init__(self) -> None:
+        if self.input_rate not in (8000, 16000, 24000, 32000, 44100, 48000):
+            raise SessionError("bad_audio_format", f"unsupported input rate {self.input_rate} Hz")
+        if self.input_channels not in (1, 2):
+            raise SessionError("bad_audio_format", f"unsupported channel count {self.input_channels}")
+        check_system_prompt(self.system_prompt)
+        for key, low, high in (
+            ("end_of_turn_ms", 200, 5000),
+            ("barge_in_min_speech_ms", 20, 1000),
+            ("speech_prefix_ms", 0, 2000),
+        ):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+                raise SessionError("bad_config", f"{key} must be a whole number from {low} to {high}")
+        if not isinstance(self.echo_suppression_db, int | float) or not 0 <= self.echo_suppression_db <= 40:
+            raise SessionError("bad_config", "echo_suppression_db must be a number from 0 to 40")
+        threshold = self.vad_threshold
+        if (
+            isinstance(threshold, bool)
+            or not isinstance(threshold, int | float)
+            or not 0.2 <= threshold <= 0.95
+        ):
+            raise SessionError("bad_config", "vad_threshold must be a number from 0.2 to 0.95")
+        for key in (
+            "resume_false_interruptions",
+            "speculative_replies",
+            "playback_acks",
+            "quick_pause",
+            "word_times",
+            "answer_turns",
+            "barge_in",
+        ):
+            if not isinstance(getattr(self, key), bool):
+                raise SessionError("bad_config", f"{key} must be true or false")
+
+    def changed(self, changes: dict[str, object]) -> SessionConfig:
+        """These settings changed while the session runs (only `RUNTIME_KEYS`); a bad key
+        or value is a `SessionError`."""
+        unknown = sorted(set(changes) - set(self.RUNTIME_KEYS))
+        if unknown:
+            raise SessionError("bad_config", f"cannot change {unknown} (can: {list(self.RUNTIME_KEYS)})")
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+    def vad(self, base: VadConfig) -> VadConfig:
+        """The VAD's settings for this session, on top of ``base``."""
+        return replace(
+            base,
+            min_silence_ms=self.end_of_turn_ms,
+            threshold=self.vad_threshold,
+            prefix_pad_ms=self.speech_prefix_ms,
+        )

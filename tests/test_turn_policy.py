@@ -1,0 +1,174 @@
+"""Turn-taking decisions on tables of cases: words, levels, times and settings in, a
+verdict out (no models, no clock)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from duplex.turn_policy import (
+    QUICK_PAUSE_CONFIRM_S,
+    QUICK_PAUSE_FLOOR_DB,
+    QUICK_PAUSE_OVER_ROOM_DB,
+    Over,
+    QuickPause,
+    Turn,
+    Verdict,
+    finished_turn,
+    is_backchannel,
+    is_echo_of,
+    judge_interruption,
+    quick_pause,
+    should_speculate,
+    speech_over_reply,
+)
+
+SAID = "Once upon a time there was a brave little dragon who lived in a cave"
+
+
+@pytest.mark.parametrize(
+    ("text", "backchannel"),
+    [
+        ("", True),  # no words at all
+        ("Uh-huh.", True),
+        ("okay, yeah", True),
+        ("Mm-hmm", True),
+        ("Thank you.", True),  # Whisper on a short hum
+        ("Then, then, then, then,", True),  # Whisper looping on a hum
+        ("no no", False),  # a word said twice is not a loop
+        ("Okay, stop.", False),
+        ("Wait", False),
+        ("What is two plus two?", False),
+    ],
+)
+def test_backchannels(text: str, backchannel: bool) -> None:
+    assert is_backchannel(text) is backchannel
+
+
+@pytest.mark.parametrize(
+    ("heard", "spoken", "echo"),
+    [
+        ("a brave little dragon", SAID, True),
+        ("brave little dragon lived", SAID, True),  # a word lost on the way back
+        ("a brave dragon, stop now", SAID, True),  # 3 of 5 words are the reply's: 0.6
+        ("a dragon, stop now please", SAID, False),  # 2 of 5
+        ("stop, what is two plus two", SAID, False),
+        ("dragon little brave a", SAID, False),  # the same words, out of order
+        ("", SAID, False),
+        ("a brave little dragon", "", False),  # nothing said lately
+    ],
+)
+def test_echo_of_the_replys_own_words(heard: str, spoken: str, echo: bool) -> None:
+    assert is_echo_of(heard, spoken) is echo
+
+
+FLOOR, OVER = QUICK_PAUSE_FLOOR_DB, QUICK_PAUSE_OVER_ROOM_DB
+CONFIRM = QUICK_PAUSE_CONFIRM_S
+
+
+@pytest.mark.parametrize(
+    ("level", "room", "paused_at", "paused", "holdoff", "now", "verdict"),
+    [
+        (-20.0, -60.0, None, False, 0.0, 10.0, QuickPause.LOUD),  # far over a quiet room
+        (-60.0 + OVER, -60.0, None, False, 0.0, 10.0, QuickPause.LOUD),  # just over the room
+        (-60.0 + OVER - 0.1, -60.0, None, False, 0.0, 10.0, QuickPause.NONE),  # just under
+        (-30.0, -40.0, None, False, 0.0, 10.0, QuickPause.NONE),  # a noisy room
+        (FLOOR - 1, -math.inf, None, False, 0.0, 10.0, QuickPause.NONE),  # silence: under the floor
+        (FLOOR, -math.inf, None, False, 0.0, 10.0, QuickPause.LOUD),
+        (-20.0, -60.0, None, True, 0.0, 10.0, QuickPause.NONE),  # paused anyway
+        (-20.0, -60.0, None, False, 10.5, 10.0, QuickPause.NONE),  # held off after a false alarm
+        (-20.0, -60.0, None, False, 10.0, 10.0, QuickPause.LOUD),  # the hold-off is over
+        (-20.0, -60.0, 10.0, True, 0.0, 10.0 + CONFIRM, QuickPause.NONE),  # the VAD still may confirm
+        (-20.0, -60.0, 10.0, True, 0.0, 10.0 + CONFIRM + 0.01, QuickPause.FALSE_ALARM),
+        (-90.0, -90.0, 10.0, True, 0.0, 10.3, QuickPause.FALSE_ALARM),  # whatever the level
+    ],
+)
+def test_quick_pause(
+    level: float,
+    room: float,
+    paused_at: float | None,
+    paused: bool,
+    holdoff: float,
+    now: float,
+    verdict: QuickPause,
+) -> None:
+    assert quick_pause(level, room, paused_at, paused, holdoff, now) is verdict
+
+
+@pytest.mark.parametrize(
+    ("caller_heard", "playing", "barge_in", "over"),
+    [
+        (False, True, True, Over.ECHO),
+        (False, False, True, Over.ECHO),  # the echo of a reply that just ended
+        (False, True, False, Over.ECHO),
+        (True, True, True, Over.INTERRUPTION),
+        (True, True, False, Over.TURN),  # a reply the caller may not cut
+        (True, False, True, Over.TURN),  # no reply playing (ended, or still being thought)
+        (True, False, False, Over.TURN),
+    ],
+)
+def test_speech_over_the_reply(caller_heard: bool, playing: bool, barge_in: bool, over: Over) -> None:
+    assert speech_over_reply(caller_heard, playing, barge_in) is over
+
+
+@pytest.mark.parametrize(
+    ("words", "said", "ended", "resume", "verdict"),
+    [
+        # heard so far, the utterance going on
+        ("", SAID, False, True, Verdict.WAIT),
+        ("uh-huh", SAID, False, True, Verdict.WAIT),
+        ("okay", SAID, False, False, Verdict.WAIT),
+        ("stop", SAID, False, True, Verdict.BARGE_IN),
+        ("wait, what", SAID, False, True, Verdict.BARGE_IN),
+        ("a brave little dragon", SAID, False, True, Verdict.ECHO),
+        ("a brave little dragon", "", False, True, Verdict.BARGE_IN),  # nothing said lately
+        # the utterance has ended
+        ("", SAID, True, True, Verdict.RESUME),  # a cough: the reply goes on
+        ("", SAID, True, False, Verdict.BARGE_IN),  # ... unless told to cut it anyway
+        ("Mm-hmm.", SAID, True, True, Verdict.RESUME),
+        ("Mm-hmm.", SAID, True, False, Verdict.RESUME),  # a backchannel resumes regardless
+        ("stop please", SAID, True, True, Verdict.BARGE_IN),
+        ("little dragon who lived", SAID, True, True, Verdict.ECHO),
+        ("little dragon who lived", None, True, True, Verdict.BARGE_IN),  # the reply has ended
+        ("", None, True, True, Verdict.RESUME),
+    ],
+)
+def test_judge_interruption(
+    words: str, said: str | None, ended: bool, resume: bool, verdict: Verdict
+) -> None:
+    assert judge_interruption(words, said, ended, resume) is verdict
+
+
+@pytest.mark.parametrize(
+    ("text", "over_said", "answer_turns", "turn"),
+    [
+        ("", None, True, Turn.NONE),
+        ("", SAID, True, Turn.NONE),
+        ("What time is it?", None, True, Turn.ANSWER),
+        ("What time is it?", None, False, Turn.HOLD),
+        ("What time is it?", SAID, True, Turn.AFTER_REPLY),  # over a reply it may not cut
+        ("What time is it?", SAID, False, Turn.HOLD),
+        ("a brave little dragon", SAID, True, Turn.ECHO),
+        ("a brave little dragon", SAID, False, Turn.ECHO),
+        ("a brave little dragon", None, True, Turn.ANSWER),  # no reply it came over
+    ],
+)
+def test_finished_turn(text: str, over_said: str | None, answer_turns: bool, turn: Turn) -> None:
+    assert finished_turn(text, over_said, answer_turns) is turn
+
+
+@pytest.mark.parametrize(
+    ("speculative", "answer_turns", "interrupting", "replying", "speculate"),
+    [
+        (True, True, False, False, True),
+        (False, True, False, False, False),
+        (True, False, False, False, False),
+        (True, True, True, False, False),
+        (True, True, False, True, False),
+    ],
+)
+def test_should_speculate(
+    speculative: bool, answer_turns: bool, interrupting: bool, replying: bool, speculate: bool
+) -> None:
+    assert should_speculate(speculative, answer_turns, interrupting, replying) is speculate
