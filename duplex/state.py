@@ -8,7 +8,10 @@
     barge-in   │               ▼  │ false interruption: resume
                └──────── interrupted
 
-`closed` is reachable from every state and final.
+Also allowed (`_ALLOWED` is the whole truth): listening -> responding (a text turn, or
+`respond`), responding -> user_speaking (the caller speaks over a reply they may not
+cut), interrupted -> listening (the reply ended or was cancelled meanwhile). `closed` is
+reachable from every state and final.
 """
 
 from __future__ import annotations
