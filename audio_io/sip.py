@@ -90,6 +90,12 @@ def param(header: str, name: str) -> str:
     return match.group(1) if match else ""
 
 
+def _is_number(text: str) -> bool:
+    """ASCII digits only, at most 10: `str.isdigit` takes "²" and "٣", which `int` refuses
+    or reads as another number, and a 5,000-digit "number" costs `int` real time."""
+    return 0 < len(text) <= 10 and text.isascii() and text.isdigit()
+
+
 def parse(data: bytes) -> SipMessage:
     if len(data) > MAX_MESSAGE_BYTES:
         raise SipError(f"message of {len(data)} bytes is over {MAX_MESSAGE_BYTES}")
@@ -104,7 +110,7 @@ def parse(data: bytes) -> SipMessage:
     message = SipMessage()
     parts = first.split(" ", 2)
     if len(parts) == 3 and parts[0] == "SIP/2.0":
-        if not parts[1].isdigit() or not 100 <= int(parts[1]) <= 699:
+        if not _is_number(parts[1]) or not 100 <= int(parts[1]) <= 699:
             raise SipError(f"bad status line {first[:60]!r}")
         message.status, message.reason = int(parts[1]), parts[2]
     elif len(parts) == 3 and parts[2] == "SIP/2.0" and _TOKEN.match(parts[0]) and parts[1]:
@@ -125,10 +131,10 @@ def parse(data: bytes) -> SipMessage:
     if missing:
         raise SipError(f"missing headers: {', '.join(missing)}", message)
     number, _, method = message.get("cseq").partition(" ")
-    if not number.strip().isdigit() or not method.strip():
+    if not _is_number(number.strip()) or not method.strip():
         raise SipError(f"bad CSeq {message.get('cseq')[:40]!r}", message)
     length = message.get("content-length", str(len(body)))
-    if not length.isdigit() or int(length) > len(body):
+    if not _is_number(length) or int(length) > len(body):
         raise SipError(f"Content-Length {length[:20]!r} does not match the body", message)
     message.body = body[: int(length)]
     return message
@@ -190,9 +196,9 @@ def parse_offer(body: bytes) -> Offer:
             pt, _, name = value[7:].partition(" ")
             rtpmap[pt] = name.lower()
     address = addresses["media"] or addresses["session"]
-    if media is None or len(media) < 4 or not media[1].isdigit() or not address:
+    if media is None or len(media) < 4 or not _is_number(media[1]) or not address:
         raise SipError("the SDP has no audio stream with an IPv4 address")
-    types = [int(t) for t in media[3:] if t.isdigit() and int(t) < 128]
+    types = [int(t) for t in media[3:] if _is_number(t) and int(t) < 128]
     codecs = tuple(t for t in types if t in (0, 8))
     events = [t for t in types if rtpmap.get(str(t), "").startswith("telephone-event/8000")]
     port = int(media[1])

@@ -85,6 +85,19 @@ def _string(obj: dict[str, Any], key: str, where: str, max_len: int = 256) -> st
     return value
 
 
+def _millis(stamp: Any) -> int | None:
+    """``media.timestamp``: milliseconds since the stream began, a string of digits as
+    Twilio sends it (or a whole number); anything else (``1e400``, ``-5``, ``true``, ``"²"``)
+    is a `ProtocolError`."""
+    if stamp is None:
+        return None
+    if isinstance(stamp, str) and 0 < len(stamp) <= 15 and stamp.isascii() and stamp.isdigit():
+        return int(stamp)
+    if isinstance(stamp, int) and not isinstance(stamp, bool) and 0 <= stamp < 10**15:
+        return stamp
+    raise ProtocolError("bad_media", "media.timestamp must be milliseconds (a string of digits)")
+
+
 def parse(text: str | bytes) -> Message:
     """One message from the provider; `ProtocolError` for anything malformed."""
     try:
@@ -104,11 +117,7 @@ def parse(text: str | bytes) -> Message:
             audio = base64.b64decode(payload, validate=True)
         except (binascii.Error, ValueError):
             raise ProtocolError("bad_media", "media.payload is not valid base64") from None
-        stamp = media.get("timestamp")
-        try:
-            timestamp = None if stamp is None else int(stamp)
-        except (TypeError, ValueError):
-            raise ProtocolError("bad_media", "media.timestamp must be milliseconds") from None
+        timestamp = _millis(media.get("timestamp"))
         track = media.get("track", "inbound")
         return Media(audio, timestamp, track if isinstance(track, str) else "inbound")
     if kind == "mark":

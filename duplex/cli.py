@@ -40,11 +40,14 @@ def _add_config_flags(parser: argparse.ArgumentParser, keys: Sequence[str]) -> N
     for key in keys:
         f = FIELDS[key]
         choices = f.metadata["choices"] or None
+        switch = isinstance(f.default, bool)  # --allow-unauthenticated alone means true
         parser.add_argument(
             f"--{key.replace('_', '-')}",
             dest=key,
             default=None,
-            metavar=None if choices else key.upper(),
+            nargs="?" if switch else None,
+            const="true" if switch else None,
+            metavar="BOOL" if switch else None if choices else key.upper(),
             choices=choices,
             help=f"{f.metadata['help']} [default: {f.default}]",
         )

@@ -77,6 +77,14 @@ class Config:
     auth_token: str | None = _opt(
         None, "if set, clients must present this token (Bearer or ?token=)", secret=True
     )
+    allow_unauthenticated: bool = _opt(
+        False, "serve a host other machines can reach without auth_token (warned on every start)"
+    )
+    allowed_origins: str | None = _opt(
+        None,
+        "web origins (https://host[:port], comma-separated) whose pages may open sessions, besides this "
+        "server's own page addressed by IP or localhost (a page under a domain name needs its origin here)",
+    )
     max_message_bytes: int = _opt(1 << 20, "largest accepted HTTP body or gRPC message")
     max_sessions: int = _opt(16, "conversations at once, over all transports (more are refused)")
     session_idle_timeout_s: float = _opt(60.0, "a session whose client sends nothing this long is closed")
@@ -116,6 +124,25 @@ class Config:
     @property
     def webrtc_hosts(self) -> list[str] | None:
         return _split(self.webrtc_host_addresses) if self.webrtc_host_addresses is not None else None
+
+    @property
+    def origins(self) -> frozenset[str]:
+        return frozenset(o.rstrip("/").lower() for o in _split(self.allowed_origins))
+
+    @property
+    def exposed(self) -> bool:
+        """The listeners bind an address other machines can reach (not loopback)."""
+        return self.host != "localhost" and not ipaddress.ip_address(self.host).is_loopback
+
+    def unauthenticated_warning(self) -> str | None:
+        """What to warn of on every start when `allow_unauthenticated` lets an exposed
+        host serve without a token (None: nothing to warn of)."""
+        if not self.exposed or self.auth_token:
+            return None
+        return (
+            f"serving {self.host} without auth_token (allow_unauthenticated): anyone who can "
+            "reach these ports can open sessions and read the instructions"
+        )
 
     @property
     def host_for_url(self) -> str:
@@ -163,7 +190,7 @@ FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 
 def _field_type(name: str) -> type:
     annotation = str(FIELDS[name].type)
-    for t in (int, float, str):
+    for t in (bool, int, float, str):
         if annotation.startswith(t.__name__):
             return t
     raise AssertionError(f"config field {name} has an unsupported type {annotation}")
@@ -175,6 +202,12 @@ def coerce(key: str, value: Any, origin: str) -> Any:
         raise ConfigError(key, f"unknown configuration key (known: {', '.join(FIELDS)})", origin)
     t = _field_type(key)
     shown = "a value" if FIELDS[key].metadata["secret"] else repr(value)  # never echo a secret
+    if t is bool:
+        words = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False}
+        parsed = words.get(value.strip().lower()) if isinstance(value, str) else value
+        if not isinstance(parsed, bool):
+            raise ConfigError(key, f"expected true or false, got {shown}", origin)
+        return parsed
     if isinstance(value, str) and t is not str:
         try:
             return t(value)
@@ -246,6 +279,15 @@ def _validate(config: Config) -> None:
         raise ConfigError("webrtc_connect_timeout_s", "must be within 1-300 s")
     if config.auth_token is not None and len(config.auth_token) < 8:
         raise ConfigError("auth_token", "must be at least 8 characters")
+    for origin in config.origins:
+        if not origin.startswith(("http://", "https://")) or "/" in origin.split("://", 1)[1]:
+            raise ConfigError("allowed_origins", f"{origin!r} is not an origin (http[s]://host[:port])")
+    if config.exposed and not config.auth_token and not config.allow_unauthenticated:
+        raise ConfigError(
+            "host",
+            f"{config.host} is reachable from other machines and no auth_token is set: set "
+            "auth_token (clients then present it), or allow_unauthenticated = true to serve anyway",
+        )
 
 
 def read_toml(path: Path) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+import ipaddress
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -57,8 +58,55 @@ async def index(request: web.Request) -> web.FileResponse:
     return web.FileResponse(DEMO_DIR / "index.html")
 
 
+# what a page from another site must not reach: opening a session reads the operator's
+# instructions (session.created) and spends the machine (cross-site WebSocket hijacking)
+SESSION_PATHS = ("/v1/realtime", "/telephony/twilio", "/webrtc/offer")
+
+
+def origin_allowed(origin: str, host: str, allowed: frozenset[str]) -> bool:
+    """May a browser page from ``origin`` open a session through this ``Host``? Yes for
+    an allow-listed origin, and for the server's own page when it is addressed by IP or
+    as localhost; a page under a domain name must be listed, since DNS rebinding can
+    point any name at this machine and make its page "same-origin"."""
+    origin = origin.rstrip("/").lower()
+    if origin in allowed:
+        return True
+    scheme, _, netloc = origin.partition("://")
+    if scheme not in ("http", "https") or netloc != host.lower():
+        return False
+    name = netloc.rsplit(":", 1)[0] if not netloc.endswith("]") else netloc
+    name = name.strip("[]")
+    if name == "localhost":
+        return True
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+def _origin_middleware(allowed: frozenset[str]) -> Middleware:
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        origin = request.headers.get("Origin")  # sent by browsers; other clients send none
+        if (
+            origin is not None
+            and request.path in SESSION_PATHS
+            and not origin_allowed(origin, request.host, allowed)
+        ):
+            message = f"pages from {origin[:80]!r} may not open sessions here (allowed_origins)"
+            return web.json_response(
+                {"error": {"type": "forbidden", "code": "origin_not_allowed", "message": message}}, status=403
+            )
+        return await handler(request)
+
+    return check
+
+
 def build_http_app(config: Config, readiness: Readiness) -> web.Application:
-    middlewares = [_auth_middleware(config.auth_token)] if config.auth_token else []
+    middlewares = [_origin_middleware(config.origins)]
+    if config.auth_token:
+        middlewares.append(_auth_middleware(config.auth_token))
     app = web.Application(client_max_size=config.max_message_bytes, middlewares=middlewares)
     app[READINESS] = readiness
     app.router.add_get("/healthz", healthz)

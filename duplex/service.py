@@ -102,6 +102,9 @@ class Service:
             task.add_done_callback(_log_task_error)
 
         self.readiness.on_change(on_ready_change)
+        warning = self.config.unauthenticated_warning()
+        if warning is not None:
+            log.warning(warning)
         log.info(
             "listening",
             extra={
@@ -144,7 +147,8 @@ class Service:
             ready = [(COMPONENTS[item["stage"]], item) for item in prepared]
         except (ValueError, KeyError, TypeError) as e:
             return self._prepare_failed(f"unreadable result from duplex prepare: {e}")
-        details = {component: item["path"] for component, item in ready}
+        # the public /healthz names each model, never where it lives on this machine
+        details = {component: Path(item["path"]).name for component, item in ready}
         for _, item in ready:
             log.info("model prepared", extra={"fields": item})
 
@@ -160,8 +164,8 @@ class Service:
         self.sessions.attach(self.engines)
 
     def _prepare_failed(self, message: str) -> None:
-        for component in COMPONENTS.values():
-            self.readiness.set(component, ComponentState.FAILED, message)
+        for component in COMPONENTS.values():  # the reason (paths and all) goes to the log only
+            self.readiness.set(component, ComponentState.FAILED, "model preparation failed (see the log)")
         log.error("model preparation failed: %s", message)
         self.exit_code = 1
         self.stopped.set()

@@ -3,7 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from duplex.config import Config, ConfigError, load_config
+from duplex.cli import build_parser
+from duplex.config import FIELDS, Config, ConfigError, load_config
 from tests.conftest import duplex_command
 
 
@@ -174,3 +175,47 @@ def test_llm_settings_are_checked(key, value):
     with pytest.raises(ConfigError) as info:
         load_config(None, {}, {key: value})
     assert info.value.key == key
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.168.1.7"])
+def test_a_host_others_can_reach_needs_a_token_or_an_explicit_allowance(host):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, {}, {"host": host})
+    assert info.value.key == "host"
+    assert "auth_token" in str(info.value) and "allow_unauthenticated" in str(info.value)
+    with_token = load_config(None, {}, {"host": host, "auth_token": "a-long-token"})
+    assert with_token.exposed and with_token.unauthenticated_warning() is None
+    allowed = load_config(None, {"DUPLEX_ALLOW_UNAUTHENTICATED": "true"}, {"host": host})
+    warning = allowed.unauthenticated_warning()
+    assert warning is not None and host in warning and "without auth_token" in warning
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "::1", "localhost"])
+def test_loopback_serves_without_a_token_and_without_a_warning(host):
+    config = load_config(None, {}, {"host": host})
+    assert not config.exposed and config.unauthenticated_warning() is None
+
+
+def test_allow_unauthenticated_is_a_boolean_in_every_layer(tmp_path: Path):
+    toml = tmp_path / "c.toml"
+    toml.write_text("allow_unauthenticated = true\n")
+    assert load_config(toml, {}, {}).allow_unauthenticated is True
+    assert load_config(None, {"DUPLEX_ALLOW_UNAUTHENTICATED": "no"}, {}).allow_unauthenticated is False
+    for bad_toml, bad_env in (
+        ("allow_unauthenticated = 1\n", {}),
+        ("", {"DUPLEX_ALLOW_UNAUTHENTICATED": "maybe"}),
+    ):
+        toml.write_text(bad_toml)
+        with pytest.raises(ConfigError) as info:
+            load_config(toml, bad_env, {})
+        assert info.value.key == "allow_unauthenticated"
+
+
+def test_cli_refuses_an_exposed_host_without_a_token_and_takes_the_switch(offline_env):
+    result = run_duplex(["serve", "--host", "0.0.0.0"], offline_env)
+    assert result.returncode == 2
+    assert "allow_unauthenticated" in result.stderr and "auth_token" in result.stderr
+    args = build_parser().parse_args(["serve", "--host", "0.0.0.0", "--allow-unauthenticated"])
+    assert args.allow_unauthenticated == "true"
+    flags = {key: value for key, value in vars(args).items() if key in FIELDS and value is not None}
+    assert load_config(None, {}, flags).allow_unauthenticated is True

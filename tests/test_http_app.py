@@ -7,9 +7,9 @@ from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestServer
 from yarl import URL
 
-from duplex.config import Config
+from duplex.config import Config, ConfigError, load_config
 from duplex.health import ComponentState, Readiness
-from duplex.http_app import build_http_app
+from duplex.http_app import build_http_app, origin_allowed
 
 TOKEN = "test-token-123456"
 
@@ -127,3 +127,62 @@ def test_log_lines_mask_secrets_in_fields_and_tracebacks(capsys):
         err = capsys.readouterr().err
         assert TOKEN not in err and "***" in err
     logging.getLogger().handlers.clear()
+
+
+@pytest.mark.parametrize(
+    ("origin", "host", "allowed", "ok"),
+    [
+        ("http://127.0.0.1:8000", "127.0.0.1:8000", frozenset(), True),  # the server's own page
+        ("http://localhost:8000", "localhost:8000", frozenset(), True),
+        ("http://[::1]:8000", "[::1]:8000", frozenset(), True),
+        ("http://evil.example", "127.0.0.1:8000", frozenset(), False),  # another site's page
+        ("http://127.0.0.1:9999", "127.0.0.1:8000", frozenset(), False),  # another port: another origin
+        ("http://evil.example:8000", "evil.example:8000", frozenset(), False),  # DNS rebinding
+        ("null", "127.0.0.1:8000", frozenset(), False),  # a sandboxed frame, a file: page
+        ("https://voice.example.com", "voice.example.com", frozenset({"https://voice.example.com"}), True),
+        ("https://VOICE.example.com/", "10.0.0.5:443", frozenset({"https://voice.example.com"}), True),
+    ],
+)
+def test_which_pages_may_open_sessions(origin, host, allowed, ok):
+    assert origin_allowed(origin, host, allowed) is ok
+
+
+@pytest.mark.parametrize("path", ["/webrtc/offer", "/v1/realtime", "/telephony/twilio"])
+async def test_a_page_from_another_site_cannot_open_a_session(path):
+    app = build_http_app(Config(allowed_origins="https://voice.example.com"), Readiness(["vad"]))
+    srv = TestServer(app, host="127.0.0.1")  # no transport routes: 404 is "let through"
+    await srv.start_server()
+    own = f"http://127.0.0.1:{srv.port}"
+    try:
+        async with ClientSession() as http:
+            for origin, status in [
+                ("http://evil.example", 403),
+                (own, 404),
+                ("https://voice.example.com", 404),
+                (None, 404),  # not a browser: no Origin
+            ]:
+                headers = {"Origin": origin} if origin else {}
+                async with http.post(srv.make_url(path), headers=headers, json={}) as r:
+                    assert r.status == status, (origin, await r.text())
+                    if status == 403:
+                        assert (await r.json())["error"]["code"] == "origin_not_allowed"
+            # DNS rebinding: a name of the attacker's that points here, "same-origin" to its page
+            rebound = {"Origin": f"http://evil.example:{srv.port}", "Host": f"evil.example:{srv.port}"}
+            async with http.get(srv.make_url(path), headers=rebound) as r:
+                assert r.status == 403
+            async with http.get(srv.make_url("/healthz"), headers={"Origin": "http://evil.example"}) as r:
+                assert r.status == 503  # only session routes are guarded
+    finally:
+        await srv.close()
+
+
+def test_allowed_origins_are_checked():
+    with pytest.raises(ConfigError) as info:
+        load_config(None, {}, {"allowed_origins": "voice.example.com"})
+    assert info.value.key == "allowed_origins"
+    assert load_config(
+        None, {}, {"allowed_origins": "https://a.example, http://b.example:8080/"}
+    ).origins == {
+        "https://a.example",
+        "http://b.example:8080",
+    }

@@ -189,6 +189,10 @@ async def test_bad_events_get_error_events_and_the_socket_stays_open(served):
                 "unknown_parameter",
             ),
             ({"type": "response.create"}, "no_input"),
+            (  # a list where a string belongs: once a traceback, the socket closed, later events lost
+                {"type": "session.update", "session": {"audio": {"input": {"format": {"type": []}}}}},
+                "invalid_value",
+            ),
         ]
         codes = []
         for message, _ in bad:

@@ -57,6 +57,13 @@ def test_an_update_changes_what_it_names_and_reports_the_whole_session():
             "session.audio.input.format.type",
         ),
         ({"audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}}, "invalid_value", None),
+        # a list or an object where a string belongs (unhashable: once a traceback)
+        ({"audio": {"input": {"format": {"type": []}}}}, "invalid_value", "session.audio.input.format.type"),
+        (
+            {"audio": {"output": {"format": {"type": {}}}}},
+            "invalid_value",
+            "session.audio.output.format.type",
+        ),
         ({"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}}, "invalid_value", None),
         (
             {"audio": {"input": {"turn_detection": {"type": "server_vad", "threshold": 2}}}},

@@ -122,6 +122,7 @@ def test_serve_becomes_ready_and_stops_cleanly_on_sigterm(offline_env):
         weights = default_variant().weights  # llm_quantization auto; full weights: the bf16 conversion
         weights = "bf16" if weights == "none" else weights
         assert body["components"]["llm"]["detail"].endswith(f"SmolLM2-135M-Instruct.Q4_1-{weights}")
+        assert not any("/" in c["detail"] for c in body["components"].values()), body  # names, not paths
         assert grpc_health(server.grpc_port) == health_pb2.HealthCheckResponse.SERVING
         server.note_descendants()
         assert server.descendants, "the LLM's engine core runs in a child process"

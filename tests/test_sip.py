@@ -88,13 +88,22 @@ def test_sip_messages_are_read_answered_and_refused():
         b"INVITE sip:x SIP/2.0\r\nVia: x\r\n\r\n",  # no Call-ID, CSeq, ...
         invite().replace(b"CSeq: 1 INVITE", b"CSeq: one INVITE"),
         invite().replace(b"Content-Length: ", b"Content-Length: 9"),
+        # digits to str.isdigit, not to int: once a traceback and no answer
+        invite().replace(b"Content-Length: ", "Content-Length: \u00b2".encode()),
+        invite().replace(b"CSeq: 1 INVITE", "CSeq: \u00b2 INVITE".encode()),
+        "SIP/2.0 \u00b200 OK\r\nVia: x\r\nFrom: a\r\nTo: b\r\nCall-ID: c\r\nCSeq: 1 BYE\r\n\r\n".encode(),
         b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
         b"INVITE sip:x SIP/2.0\r\n\xff\xfe: x\r\n\r\n",
         b"X" * 20000,
     ]:
         with pytest.raises(sip.SipError):
             sip.parse(bad)
-    for sdp in [b"v=0\r\n", SDP.format(port=70000, types="0").encode(), b"\xff"]:
+    for sdp in [
+        b"v=0\r\n",
+        SDP.format(port=70000, types="0").encode(),
+        SDP.format(port="\u00b2", types="0").encode(),
+        b"\xff",
+    ]:
         with pytest.raises(sip.SipError):
             sip.parse_offer(sdp)
     assert sip.parse_offer(SDP.format(port=4000, types="9 101").encode()).codecs == ()

@@ -83,6 +83,10 @@ def test_the_protocol_reads_what_twilio_sends_and_refuses_the_rest():
         ('{"event": "media", "media": {"payload": "%%%not base64"}}', "bad_media"),
         ('{"event": "media", "media": {"payload": "' + "A" * 20000 + '"}}', "bad_media"),
         ('{"event": "media", "media": {"payload": "", "timestamp": "soon"}}', "bad_media"),
+        ('{"event": "media", "media": {"payload": "", "timestamp": 1e400}}', "bad_media"),  # inf
+        ('{"event": "media", "media": {"payload": "", "timestamp": "\u00b2"}}', "bad_media"),  # "²"
+        ('{"event": "media", "media": {"payload": "", "timestamp": -20}}', "bad_media"),
+        ('{"event": "media", "media": {"payload": "", "timestamp": true}}', "bad_media"),
         ('{"event": "media"}', "bad_message"),
         ('{"event": "mark", "mark": {}}', "bad_message"),
         ('{"event": "dtmf", "dtmf": {"digit": "x"}}', "bad_message"),

@@ -255,7 +255,11 @@ async def test_bad_offers_get_clear_errors_and_the_server_goes_on(endpoint):
             async with http.post(f"{base}/webrtc/offer", **kwargs) as r:
                 return r.status, (await r.json())["error"]["code"]
 
-        assert await post(data=b"\x00\xff not json") == (400, "bad_offer")
+        json_type = {"Content-Type": "application/json"}
+        assert await post(data=b"\x00\xff not json", headers=json_type) == (400, "bad_offer")
+        # only its documented type: a form or text/plain post is what another site's page can send
+        text = {"Content-Type": "text/plain"}
+        assert await post(data='{"type": "offer", "sdp": "v=0"}', headers=text) == (415, "bad_content_type")
         assert await post(json={"type": "answer", "sdp": "v=0"}) == (400, "bad_offer")
         assert await post(json=["offer"]) == (400, "bad_offer")
         garbage = (

@@ -289,6 +289,12 @@ class RealtimeConnection:
             self.error(e, event_id)
         except SessionError as e:
             self.error(RealtimeError(str(e), e.code), event_id)
+        except Exception:  # a bug: this client is told, its connection and every other go on
+            log.exception("realtime %s: an event failed", self.config.id)
+            failed = RealtimeError(
+                "The server failed to handle this event.", "server_error", kind="server_error"
+            )
+            self.error(failed, event_id)
 
     async def _session_update(self, message: dict[str, Any]) -> None:
         before = (self.config.turn_detection, self.config.instructions)

@@ -79,7 +79,7 @@ def _object(value: Any, param: str) -> dict[str, Any]:
 def _format(value: Any, param: str) -> dict[str, Any]:
     fmt = _object(value, param)
     kind = fmt.get("type")
-    if kind not in FORMATS:
+    if not isinstance(kind, str) or kind not in FORMATS:  # a list or an object is unhashable
         raise RealtimeError(
             f"Invalid value for '{param}.type': {str(kind)[:40]!r}; supported: {', '.join(FORMATS)}.",
             param=f"{param}.type",

@@ -5,7 +5,8 @@ Request: ``{"type": "offer", "sdp": "...", "config": {...}}`` (``config`` option
 ``system_prompt``, ``end_of_turn_ms``, ...). Answer: ``{"type": "answer", "sdp": "...",
 "session_id": "..."}``, every ICE candidate in it (no trickle). Errors are JSON
 ``{"error": {"type", "code", "message"}}`` with 400 (a bad offer), 409 (an offer for a
-peer connection that already exists), 429 (the session limit) or 503 (models loading).
+peer connection that already exists), 415 (not ``application/json``), 429 (the session
+limit) or 503 (models loading).
 
 On the ``events`` data channel the server sends every session event as JSON
 (``{"type": ..., ...}``) and takes control messages:
@@ -134,6 +135,8 @@ class WebRtcEndpoint:
         return web.json_response({"iceServers": servers})
 
     async def offer(self, request: web.Request) -> web.Response:
+        if request.content_type != "application/json":  # a form or text/plain: a cross-site post
+            return _error(415, "bad_content_type", "the offer is application/json")
         try:
             body = await request.json()
         except (ValueError, UnicodeDecodeError):
