@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import re
 import secrets
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 MAX_MESSAGE_BYTES = 16 * 1024
@@ -196,6 +199,10 @@ def parse_offer(body: bytes) -> Offer:
             pt, _, name = value[7:].partition(" ")
             rtpmap[pt] = name.lower()
     address = addresses["media"] or addresses["session"]
+    try:  # a name would be looked up on every packet sent, on the event loop
+        ipaddress.IPv4Address(address)
+    except ValueError:
+        raise SipError(f"the SDP's connection address {address[:40]!r} is not an IPv4 address") from None
     if media is None or len(media) < 4 or not _is_number(media[1]) or not address:
         raise SipError("the SDP has no audio stream with an IPv4 address")
     types = [int(t) for t in media[3:] if _is_number(t) and int(t) < 128]
@@ -232,18 +239,33 @@ def _md5(text: str) -> str:
 
 
 class DigestAuth:
-    """Challenges and checks ``Authorization: Digest`` (MD5, qop=auth or none)."""
+    """Challenges and checks ``Authorization: Digest`` (MD5, qop=auth or none).
 
-    def __init__(self, username: str, password: str, realm: str = "duplex") -> None:
+    A captured header must not open a second call: each nonce carries the time it was
+    issued (HMAC-signed, so it cannot be forged) and is good for `NONCE_TTL_S`; each use
+    of it must count up (``nc``, RFC 2617 3.2.2; a use without qop is the nonce's only
+    one); and the digest's ``uri`` must be the request's own. The record of uses is
+    bounded: nonces past their lifetime are forgotten, and at most `MAX_NONCES` kept."""
+
+    NONCE_TTL_S = 300
+    MAX_NONCES = 4096
+
+    def __init__(
+        self, username: str, password: str, realm: str = "duplex", clock: Callable[[], float] = time.time
+    ) -> None:
         self.username, self.realm = username, realm
         self._ha1 = _md5(f"{username}:{realm}:{password}")
         self._key = secrets.token_bytes(16)
+        self._clock = clock
+        self._used: dict[str, int] = {}  # nonce -> the highest nc it was used with
+        self._floor = -1  # nonces issued at or before this second are refused (their records went)
 
     def _nonce(self, salt: str) -> str:
         return salt + hmac.new(self._key, salt.encode(), "sha256").hexdigest()[:24]
 
     def challenge(self) -> str:
-        nonce = self._nonce(secrets.token_hex(8))
+        issued = f"{int(self._clock()) & 0xFFFFFFFF:08x}"
+        nonce = self._nonce(issued + secrets.token_hex(4))
         return f'Digest realm="{self.realm}", nonce="{nonce}", algorithm=MD5, qop="auth"'
 
     def check(self, request: SipMessage) -> bool:
@@ -255,15 +277,40 @@ class DigestAuth:
         if (
             fields.get("username") != self.username
             or fields.get("realm") != self.realm
+            or fields.get("uri") != request.uri
             or len(nonce) != 40
             or not hmac.compare_digest(nonce, self._nonce(nonce[:16]))
         ):
             return False
-        ha2 = _md5(f"{request.method}:{fields.get('uri', '')}")
+        issued = int(nonce[:8], 16)
+        if (int(self._clock()) - issued) & 0xFFFFFFFF > self.NONCE_TTL_S or issued <= self._floor:
+            return False  # stale: the client gets a new challenge
+        ha2 = _md5(f"{request.method}:{fields['uri']}")
+        nc = fields.get("nc", "")
         if fields.get("qop"):
-            expected = _md5(
-                f"{self._ha1}:{nonce}:{fields.get('nc', '')}:{fields.get('cnonce', '')}:auth:{ha2}"
-            )
+            if not (len(nc) == 8 and all(c in "0123456789abcdefABCDEF" for c in nc)):
+                return False
+            count = int(nc, 16)
+            expected = _md5(f"{self._ha1}:{nonce}:{nc}:{fields.get('cnonce', '')}:auth:{ha2}")
         else:
+            count = 1
             expected = _md5(f"{self._ha1}:{nonce}:{ha2}")
-        return hmac.compare_digest(expected, fields.get("response", ""))
+        if not hmac.compare_digest(expected, fields.get("response", "")):
+            return False
+        if count <= self._used.get(nonce, 0):
+            return False  # a replay of a header already used
+        self._remember(nonce, count)
+        return True
+
+    def _remember(self, nonce: str, count: int) -> None:
+        self._used[nonce] = count
+        if len(self._used) > self.MAX_NONCES:
+            now = int(self._clock())
+            live = {
+                n: c for n, c in self._used.items() if (now - int(n[:8], 16)) & 0xFFFFFFFF <= self.NONCE_TTL_S
+            }
+            while len(live) > self.MAX_NONCES:  # all live: the oldest go, and with them every
+                oldest = next(iter(live))  # nonce as old (a forgotten one must not replay)
+                self._floor = max(self._floor, int(oldest[:8], 16))
+                del live[oldest]
+            self._used = live

@@ -28,7 +28,7 @@ from duplex import events as ev
 from duplex.config import Config
 from duplex.events import Event
 from duplex.sessions import Sessions
-from duplex.transports.sip import RTP_DROPPED, RtpWire, SipListener
+from duplex.transports.sip import RTP_DROPPED, RtpWire, SipCall, SipListener
 from models.speech_set import wer
 from tests.conftest import speech
 
@@ -102,6 +102,7 @@ def test_sip_messages_are_read_answered_and_refused():
         b"v=0\r\n",
         SDP.format(port=70000, types="0").encode(),
         SDP.format(port="\u00b2", types="0").encode(),
+        SDP.replace("c=IN IP4 127.0.0.1", "c=IN IP4 pbx.example").format(port=4000, types="0").encode(),
         b"\xff",
     ]:
         with pytest.raises(sip.SipError):
@@ -118,10 +119,10 @@ def test_digest_authentication_checks_the_response():
         return hashlib.md5(s.encode()).hexdigest()
 
     def authorized(password: str, nonce: str = nonce, user: str = "alice") -> sip.SipMessage:
-        ha1, ha2 = md5(f"{user}:duplex:{password}"), md5("INVITE:sip:duplex@127.0.0.1")
+        ha1, ha2 = md5(f"{user}:duplex:{password}"), md5("INVITE:sip:duplex@127.0.0.1:5080")
         response = md5(f"{ha1}:{nonce}:00000001:c0ffee:auth:{ha2}")
         header = (
-            f'Digest username="{user}", realm="duplex", nonce="{nonce}", uri="sip:duplex@127.0.0.1", '
+            f'Digest username="{user}", realm="duplex", nonce="{nonce}", uri="sip:duplex@127.0.0.1:5080", '
             f'response="{response}", qop=auth, nc=00000001, cnonce="c0ffee", algorithm=MD5'
         )
         return sip.parse(invite(Authorization=header))
@@ -131,6 +132,82 @@ def test_digest_authentication_checks_the_response():
     assert not auth.check(authorized("secret", user="mallory"))
     assert not auth.check(authorized("secret", nonce="0" * 40))  # a nonce we never gave
     assert not auth.check(sip.parse(invite()))
+
+
+def test_a_digest_header_cannot_be_replayed_and_its_nonce_expires():
+    now = [1_000_000.0]
+    auth = sip.DigestAuth("alice", "secret", clock=lambda: now[0])
+    uri = "sip:duplex@127.0.0.1:5080"  # the Request-URI of `invite()`
+
+    def md5(s: str) -> str:
+        return hashlib.md5(s.encode()).hexdigest()
+
+    def fresh_nonce() -> str:
+        found = re.search(r'nonce="([^"]+)"', auth.challenge())
+        assert found is not None
+        return found.group(1)
+
+    def call(nonce: str, nc: int | None, call_id: str, digest_uri: str = uri) -> sip.SipMessage:
+        ha1, ha2 = md5("alice:duplex:secret"), md5(f"INVITE:{digest_uri}")
+        if nc is None:  # RFC 2069: no qop, no count
+            fields = f'response="{md5(f"{ha1}:{nonce}:{ha2}")}"'
+        else:
+            count = f"{nc:08x}"
+            response = md5(f"{ha1}:{nonce}:{count}:c0ffee:auth:{ha2}")
+            fields = f'response="{response}", qop=auth, nc={count}, cnonce="c0ffee"'
+        header = f'Digest username="alice", realm="duplex", nonce="{nonce}", uri="{digest_uri}", {fields}'
+        return sip.parse(invite(call_id=call_id, Authorization=header))
+
+    nonce = fresh_nonce()
+    assert auth.check(call(nonce, 1, "call-1"))
+    assert not auth.check(call(nonce, 1, "call-2"))  # the same header on a new Call-ID: a replay
+    assert auth.check(call(nonce, 2, "call-3"))  # the client counts up
+    assert not auth.check(call(nonce, 2, "call-4")) and not auth.check(call(nonce, 1, "call-5"))
+    assert not auth.check(call(nonce, 3, "call-6", digest_uri="sip:someone@127.0.0.1"))  # not this request's
+    bare = fresh_nonce()
+    assert auth.check(call(bare, None, "call-7"))
+    assert not auth.check(call(bare, None, "call-8"))  # without qop a nonce is good once
+    now[0] += sip.DigestAuth.NONCE_TTL_S + 1
+    assert not auth.check(call(nonce, 9, "call-9"))  # stale
+    assert auth.check(call(fresh_nonce(), 1, "call-10"))
+    # the record of uses is bounded, and a nonce whose record went cannot come back
+    auth.MAX_NONCES = 3
+    nonces = []
+    for i in range(5):
+        now[0] += 1
+        nonces.append(fresh_nonce())
+        assert auth.check(call(nonces[-1], 1, f"flood-{i}"))
+    assert len(auth._used) <= 3
+    assert not auth.check(call(nonces[0], 2, "flood-again"))
+    assert auth.check(call(nonces[-1], 2, "flood-next"))
+
+
+def call_from(signaling: tuple[str, int], offer: sip.Offer) -> SipCall:
+    return SipCall("c", sip.parse(invite()), signaling, "t", offer, 0, "127.0.0.1")
+
+
+def test_media_goes_to_the_caller_and_rtp_is_latched_to_its_source():
+    listener = SipListener(Config(), Sessions(1, 60))
+    assert listener._media_host("198.51.100.9", "127.0.0.1") == "127.0.0.1"  # never a third party
+    assert listener._media_host("127.0.0.1", "127.0.0.1") == "127.0.0.1"
+    gateway = SipListener(Config(sip_allow="10.0.0.0/8"), Sessions(1, 60))
+    assert gateway._media_host("10.0.0.5", "127.0.0.1") == "10.0.0.5"  # an allow-listed media host
+    heard = SipListener._heard_from
+    # behind NAT: the SDP names a private address; the caller's RTP comes from its NAT's port
+    natted = call_from(("203.0.113.5", 5060), sip.Offer("192.168.1.20", 4000, (0,), 101))
+    natted.media = ("203.0.113.5", 4000)
+    assert not heard(natted, ("198.51.100.9", 4000))  # another host: never
+    assert heard(natted, ("203.0.113.5", 31000)) and natted.media == ("203.0.113.5", 31000)  # latched
+    assert not heard(natted, ("203.0.113.5", 4000))  # then another port of that host is not the caller
+    # not behind NAT: a packet from exactly the SDP's address wins the media back
+    direct = call_from(("127.0.0.1", 5060), sip.Offer("127.0.0.1", 4000, (0,), 101))
+    direct.media = ("127.0.0.1", 4000)
+    assert heard(direct, ("127.0.0.1", 5555))  # first from that host: latched ...
+    assert heard(direct, ("127.0.0.1", 4000)) and direct.media == (
+        "127.0.0.1",
+        4000,
+    )  # ... until the SDP's own
+    assert not heard(direct, ("127.0.0.1", 5555))
 
 
 # -- RTP alone --
@@ -479,6 +556,42 @@ async def test_hostile_sip_and_rtp_get_the_right_answer_and_disturb_no_call(serv
         assert not listener.calls and len(sessions) == 0
     finally:
         phone.close()
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_media_never_goes_to_a_third_party_the_sdp_names(served):
+    """An INVITE whose SDP names another host (127.0.0.2, a "victim") gets its call, but
+    our RTP goes to the caller's own address, never to the victim; a host name in the SDP
+    is refused (it would be looked up on the event loop for every packet)."""
+    listener, sessions = served
+    phone = RawPhone()
+    victim = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    victim.bind(("127.0.0.2", phone.rtp_port))  # the same port, at another address
+    victim.setblocking(False)
+    loop = asyncio.get_running_loop()
+    try:
+        named = phone.invite("c-victim").replace(b"c=IN IP4 127.0.0.1", b"c=IN IP4 127.0.0.2")
+        answered = await phone.request(named, listener.port)
+        assert [m.status for m in answered] == [100, 200]
+        ack = named.replace(b"INVITE sip", b"ACK sip").replace(b"1 INVITE", b"1 ACK")
+        await loop.sock_sendto(phone.sip, ack, ("127.0.0.1", listener.port))
+        heard = 0
+        async with asyncio.timeout(10):
+            while heard < 25:  # half a second of our RTP reaches the caller
+                await loop.sock_recv(phone.rtp, 2048)
+                heard += 1
+        with pytest.raises(BlockingIOError):
+            victim.recv(2048)  # and not one packet the victim
+        bye = named.replace(b"INVITE sip", b"BYE sip").replace(b"1 INVITE", b"2 BYE")
+        (done,) = await phone.request(bye, listener.port)
+        assert done.status == 200
+        by_name = phone.invite("c-name").replace(b"c=IN IP4 127.0.0.1", b"c=IN IP4 victim.ex")  # same length
+        (refused,) = [m for m in await phone.request(by_name, listener.port) if m.status >= 200]
+        assert refused.status == 400
+        await eventually(lambda: len(sessions) == 0, 5)
+    finally:
+        phone.close()
+        victim.close()
 
 
 @pytest.mark.asyncio(loop_scope="session")

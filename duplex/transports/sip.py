@@ -3,7 +3,7 @@ one session each.
 
     INVITE (SDP offer) ─► allow-list, digest auth ─► 100 ─► codec (PCMU/PCMA, DTMF)
         ─► RTP socket + Session ─► 200 (SDP answer), resent until the ACK
-    RTP in ─► known source and payload type ─► JitterBuffer ─► G.711 ─► session
+    RTP in ─► the caller's source (latched), its payload type ─► JitterBuffer ─► G.711 ─► session
     session audio ─► 8 kHz G.711 ─► RtpSender (a packet every 20 ms: reply or silence)
     BYE either way, CANCEL before the answer, the session's own end (idle timeout,
     shutdown) ─► the call and the session end together
@@ -14,8 +14,14 @@ response. What is refused, and how: a source not on the allow-list 403, missing 
 wrong credentials 401 (with a challenge), a malformed request 400, a body that is not
 SDP 415, no common codec 488, no room 486 (503 while the models load), unknown methods
 501, requests outside a dialog 481. A datagram that cannot be answered is counted and
-dropped. RTP from anywhere but the address the caller's SDP gave, or with a payload
-type not negotiated, is counted and dropped.
+dropped.
+
+Media goes to the caller's own address (where its SIP came from), never to another host
+its SDP names unless that host is on the allow-list: otherwise one INVITE would aim 50
+packets a second at a third party. A host name in the SDP is refused (400): it would be
+looked up on the event loop for every packet. RTP is latched to the caller's actual
+source (symmetric RTP: a caller behind NAT sends from another port than its SDP says);
+RTP from any other source, or with a payload type not negotiated, is counted and dropped.
 """
 
 from __future__ import annotations
@@ -128,6 +134,8 @@ class SipCall:
     acked: asyncio.Event = field(default_factory=asyncio.Event)
     ended: bool = False
     hang_up: bool = True  # we end the call (BYE); False once the caller has (BYE, CANCEL)
+    media: tuple[str, int] = ("", 0)  # where our RTP goes and theirs must come from (`_heard_from`)
+    latched: bool = False  # RTP has come from ``media``: it is the caller's actual source
     jitter: JitterBuffer = field(default_factory=JitterBuffer)
     concealer: Concealer = field(default_factory=Concealer)
     dtmf: DtmfReceiver = field(default_factory=DtmfReceiver)
@@ -295,6 +303,7 @@ class SipListener:
         if host in ("0.0.0.0", "::"):
             host = _route_address(addr[0])
         call = SipCall(request.call_id, request, addr, to_tag, offer, offer.codecs[0], host)
+        call.media = (self._media_host(offer.address, addr[0]), offer.port)
         try:
             session = await self._open(call)
         except SessionError as e:
@@ -422,11 +431,35 @@ class SipListener:
 
     # -- media --
 
+    def _media_host(self, offered: str, caller: str) -> str:
+        """Where a call's media goes: the caller's own (signalling) address, whatever its
+        SDP says, unless the SDP names an address on the allow-list (a media gateway).
+        Never a third party the caller names: 50 packets a second of our audio would go
+        there, a reflection amplifier."""
+        if offered == caller or (self.allow and self._allowed(offered)):
+            return offered
+        log.info("sip: the SDP names %s, the call's media goes to its caller %s", offered, caller)
+        return caller
+
+    @staticmethod
+    def _heard_from(call: SipCall, addr: tuple[str, int]) -> bool:
+        """Is this RTP the caller's? Symmetric RTP: the first packet from the caller's host
+        fixes the port (a caller behind NAT sends from another port than its SDP says),
+        and a packet from exactly the address in its SDP always wins it back."""
+        offered = (call.offer.address, call.offer.port)
+        if addr == call.media:
+            call.latched = True
+            return True
+        if addr[0] != call.media[0] or (call.latched and addr != offered):
+            return False
+        call.media, call.latched = addr, True
+        return True
+
     def _rtp(self, call: SipCall, data: bytes, addr: tuple[str, int]) -> None:
         session = call.session
         if session is None or call.ended:
             return
-        if addr != (call.offer.address, call.offer.port):
+        if not self._heard_from(call, addr):
             RTP_DROPPED.labels("unknown_source").inc()
             return
         try:
@@ -460,11 +493,10 @@ class SipListener:
         ssrc = int.from_bytes(np.random.default_rng().bytes(4), "big")
         sequence, timestamp = int(np.random.default_rng().integers(65536)), 0
         start, k, first = time.monotonic(), 0, True
-        destination = (call.offer.address, call.offer.port)
         while True:
             payload = outbox.next_audio() or silence
             packet = RtpPacket(call.codec, sequence, timestamp, ssrc, payload, marker=first)
-            transport.sendto(packet.build(), destination)
+            transport.sendto(packet.build(), call.media)
             first = False
             sequence, timestamp = (sequence + 1) % 65536, (timestamp + FRAME) % (1 << 32)
             k += 1
