@@ -40,21 +40,18 @@ class Outbox(Generic[T]):
 
     _CONTROL, _FRAME, _WITH_FRAME = 0, 1, 2
 
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def put_frame(self, items: Sequence[T]) -> bool:
-        """One frame of audio (``items[0]``) and what belongs to it; False if dropped."""
+    def put_frame(self, items: Sequence[T]) -> None:
+        """One frame of audio (``items[0]``) and what belongs to it; dropped (and counted)
+        when `max_frames` are queued."""
         if not items:
-            return True
+            return
         if self.frames >= self.max_frames:
             self._on_drop()
-            return False
+            return
         self.frames += 1
         self._entries.append((self._FRAME, items[0]))
         self._entries.extend((self._WITH_FRAME, item) for item in items[1:])
         self.ready.set()
-        return True
 
     def put_tail(self, items: Sequence[T]) -> None:
         """Audio entries that follow the frames queued (a reply's last mark): dropped

@@ -34,6 +34,7 @@ from audio_io.pacer import Pacer
 from duplex import events as ev
 from duplex.echo import EchoGate
 from duplex.events import Event, SessionError
+from duplex.state import Lifecycle
 from duplex.transports.port import Sink
 from duplex.turn import TurnTimes
 from models.llm import LlmError
@@ -103,7 +104,7 @@ class Reply:
         self.times = times
         self.tts = tts
         self.pacer = Pacer()
-        self.state = ReplyState.HELD if held else ReplyState.PLAYING
+        self._lifecycle = Lifecycle(f"reply {id}", ReplyState.HELD if held else ReplyState.PLAYING, _ALLOWED)
         self.tasks: list[asyncio.Task[None]] = []
         self.synthesized = False  # TTS has produced every frame
         self.stopped = False  # `stop` was called: none of its tasks runs again
@@ -121,14 +122,13 @@ class Reply:
     def held(self) -> bool:
         return self.state is ReplyState.HELD
 
+    @property
+    def state(self) -> ReplyState:
+        return self._lifecycle.state
+
     def to(self, new: ReplyState) -> bool:
         """Move to `new`; True if the state changed. A move the table forbids is a bug."""
-        old = self.state
-        if new is old:
-            return False
-        assert new in _ALLOWED[old], f"reply {self.id} {old.value} -> {new.value}"
-        self.state = new
-        return True
+        return self._lifecycle.to(new)
 
     # -- the work --
 

@@ -17,7 +17,10 @@ reachable from every state and final.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Generic, TypeVar
+
+S = TypeVar("S", bound=enum.Enum)
 
 
 class State(enum.Enum):
@@ -39,17 +42,37 @@ _ALLOWED: dict[State, frozenset[State]] = {
 }
 
 
-class StateMachine:
-    def __init__(self, on_change: Callable[[State, State], None]) -> None:
-        self.state = State.IDLE
-        self._on_change = on_change
+class Lifecycle(Generic[S]):
+    """A state and its allowed moves (one table), for the session and its replies alike.
+    A move the table forbids is a bug; ``final`` (if any) is reachable from every state."""
 
-    def to(self, new: State) -> bool:
-        """Move to `new`; True if the state changed. A move the table forbids is a bug."""
+    def __init__(
+        self,
+        name: str,
+        initial: S,
+        allowed: Mapping[S, frozenset[S]],
+        on_change: Callable[[S, S], None] = lambda old, new: None,
+        final: S | None = None,
+    ) -> None:
+        self.name = name
+        self.state = initial
+        self._allowed = allowed
+        self._on_change = on_change
+        self._final = final
+
+    def to(self, new: S) -> bool:
+        """Move to `new`; True if the state changed."""
         old = self.state
         if new is old:
             return False
-        assert new is State.CLOSED or new in _ALLOWED[old], f"session state {old.value} -> {new.value}"
+        assert new is self._final or new in self._allowed[old], f"{self.name} {old.value} -> {new.value}"
         self.state = new
         self._on_change(old, new)
         return True
+
+
+class StateMachine(Lifecycle[State]):
+    """The session's lifecycle."""
+
+    def __init__(self, on_change: Callable[[State, State], None]) -> None:
+        super().__init__("session state", State.IDLE, _ALLOWED, on_change, final=State.CLOSED)

@@ -81,9 +81,7 @@ class OutputStage(Generic[T]):
             return
         if self._frames.out_rate != self.wire.rate:
             self._frames = FrameResampler(self.wire.rate)
-        if response_id != self.cursor.response_id:
-            self.cursor = Cursor(response_id, self.cursor.end, self.cursor.end)
-        self.cursor.end += frame.num_samples
+        self._reply(response_id).end += frame.num_samples
         for samples in self._frames.push(downmix(frame.samples, frame.channels), frame.sample_rate):
             self.outbox.put_frame(self.wire.frame(samples, self.cursor))
 
@@ -100,11 +98,16 @@ class OutputStage(Generic[T]):
     def end_reply(self, response_id: str, completed: bool) -> None:
         if self.closed:
             return
-        if response_id != self.cursor.response_id:  # a reply that sent no audio
-            self.cursor = Cursor(response_id, self.cursor.end, self.cursor.end)
+        self._reply(response_id)  # a reply that sent no audio has its cursor too
         for samples in self._frames.end(completed):
             self.outbox.put_frame(self.wire.frame(samples, self.cursor))
         self.outbox.put_tail(self.wire.end_reply(self.cursor, completed))
+
+    def _reply(self, response_id: str) -> Cursor:
+        """The cursor of this reply: a new one begins where the last one ended."""
+        if response_id != self.cursor.response_id:
+            self.cursor = Cursor(response_id, self.cursor.end, self.cursor.end)
+        return self.cursor
 
     def flush(self) -> None:
         self.outbox.drop_audio()
