@@ -14,12 +14,17 @@ playback on that stream (a gRPC ``PlaybackAck`` of N samples, a Twilio ``mark`` 
 Text marks tie spans of the turn's text to spans of its audio (from TTS word timings
 or estimates). A word counts as heard once ``heard_fraction`` of its audio was played
 (default one half), so "the text the caller heard up to position P" is one bisect.
+
+The ledger keeps the latest `MAX_TURNS` turns: a session that runs for hours holds
+bounded books, and a turn that old was played out long ago.
 """
 
 from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
+
+MAX_TURNS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +107,11 @@ class PlayoutLedger:
         assert turn_id not in self.turns, f"turn {turn_id!r} started twice"
         turn = TurnPlayout(turn_id, self.heard_fraction)
         self.turns[turn_id] = turn
+        while len(self.turns) > MAX_TURNS:
+            oldest = next(iter(self.turns))  # the first started
+            del self.turns[oldest]
+            if oldest in self._order:
+                self._order.remove(oldest)
         return turn
 
     def turn(self, turn_id: str) -> TurnPlayout:

@@ -9,7 +9,9 @@ Two kinds of entry: audio (a frame of reply audio, and what belongs to it, such 
 Twilio mark) and control (events, a Twilio ``clear``). Audio beyond ``max_frames``
 is dropped as it comes (a reader slower than real time loses audio, never memory);
 control beyond ``max_control`` sets `overflowed` and is dropped: a reader that reads
-nothing at all, for its transport to end.
+nothing at all, for its transport to end. `stalled_s` says how long entries have waited
+with none taken: a writer blocked on a client that stops reading (a full TCP window,
+gRPC flow control), for `duplex.transports.link.Link.watch_reader`.
 
 Invariant: ``frames`` is the number of frame entries queued (an audio entry that
 starts a frame counts once; the entries that belong to it count zero).
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import time
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
@@ -37,8 +40,19 @@ class Outbox(Generic[T]):
         self._control = 0
         self.overflowed = False
         self.ready = asyncio.Event()  # set while something is queued (or a reader must wake)
+        self._progress_at = time.monotonic()  # when an entry was last taken, or the queue last empty
 
     _CONTROL, _FRAME, _WITH_FRAME = 0, 1, 2
+
+    def stalled_s(self, now: float | None = None) -> float:
+        """Seconds entries have been waiting with none taken (0 while empty)."""
+        if not self._entries and not self.overflowed:
+            return 0.0
+        return (time.monotonic() if now is None else now) - self._progress_at
+
+    def _starting(self) -> None:
+        if not self._entries:  # an empty queue owes its reader nothing until now
+            self._progress_at = time.monotonic()
 
     def put_frame(self, items: Sequence[T]) -> None:
         """One frame of audio (``items[0]``) and what belongs to it; dropped (and counted)
@@ -48,6 +62,7 @@ class Outbox(Generic[T]):
         if self.frames >= self.max_frames:
             self._on_drop()
             return
+        self._starting()
         self.frames += 1
         self._entries.append((self._FRAME, items[0]))
         self._entries.extend((self._WITH_FRAME, item) for item in items[1:])
@@ -62,6 +77,7 @@ class Outbox(Generic[T]):
 
     def put(self, items: Sequence[T]) -> None:
         """Control entries (events); dropped, and `overflowed` set, beyond the bound."""
+        self._starting()
         for item in items:
             if self._control >= self.max_control:
                 self.overflowed = True
@@ -82,6 +98,7 @@ class Outbox(Generic[T]):
         return dropped
 
     def _pop(self) -> T:
+        self._progress_at = time.monotonic()
         kind, item = self._entries.popleft()
         self.frames -= kind == self._FRAME
         self._control -= kind == self._CONTROL

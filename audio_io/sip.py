@@ -2,9 +2,11 @@
 digest authentication (RFC 8760, MD5).
 
 `parse` reads one datagram into a `SipMessage` and raises `SipError` for anything that
-is not a well-formed request or response with the headers a dialog needs; `response`
-builds the answer to a request (its Vias, From, To, Call-ID and CSeq copied, as a UAS
-must). Bookkeeping only: no sockets, no clock.
+is not a well-formed request or response with the headers a dialog needs (with what it
+could read, so that a request can still be answered 400); `response` builds the answer
+to a request (its Vias, From, To, Call-ID and CSeq copied, as a UAS must); `in_dialog`
+says whether a request belongs to the dialog an INVITE began. Bookkeeping only: no
+sockets, no clock.
 """
 
 from __future__ import annotations
@@ -106,9 +108,9 @@ def parse(data: bytes) -> SipMessage:
     if not sep:
         raise SipError("no blank line after the headers")
     try:
-        text = head.decode("utf-8")
-    except UnicodeDecodeError:
-        raise SipError("headers are not UTF-8") from None
+        text, wrong = head.decode("utf-8"), ""
+    except UnicodeDecodeError:  # read on, so that a request whose Via is legible gets its 400
+        text, wrong = head.decode("utf-8", "replace"), "headers are not UTF-8"
     first, *lines = text.split("\r\n")
     message = SipMessage()
     parts = first.split(" ", 2)
@@ -133,6 +135,8 @@ def parse(data: bytes) -> SipMessage:
     missing = [h for h in REQUIRED if not message.get(h)]
     if missing:
         raise SipError(f"missing headers: {', '.join(missing)}", message)
+    if wrong:
+        raise SipError(wrong, message)
     number, _, method = message.get("cseq").partition(" ")
     if not _is_number(number.strip()) or not method.strip():
         raise SipError(f"bad CSeq {message.get('cseq')[:40]!r}", message)
@@ -158,6 +162,27 @@ def response(request: SipMessage, status: int, to_tag: str = "", extra: list[tup
                 ("cseq", request.get("cseq")), ("server", "duplex")]  # fmt: skip
     headers += extra or []
     return SipMessage(status=status, reason=REASONS.get(status, "Unknown"), headers=headers, body=body)
+
+
+def in_dialog(request: SipMessage, invite: SipMessage, to_tag: str) -> bool:
+    """Does ``request`` (with the Call-ID of ``invite``) belong to the dialog ``invite``
+    began, to which we gave ``to_tag`` ("" before we answered)?
+
+    The Call-ID travels in clear and is often guessable: alone it must not end or change
+    a call. The caller's From tag must be the INVITE's, and (RFC 3261 12.2.2) the To tag
+    ours. A CANCEL and the INVITE sent again belong to the INVITE's own transaction
+    (17.2.3, 9.2): its top Via branch and CSeq number, and its To, with no tag. Where the
+    request came from is for the caller of this to check."""
+    if param(request.get("from"), "tag") != param(invite.get("from"), "tag"):
+        return False
+    their_to = param(request.get("to"), "tag")
+    if request.method == "CANCEL" or (request.method == "INVITE" and not their_to):
+        return (
+            request.branch == invite.branch
+            and request.cseq[0] == invite.cseq[0]
+            and their_to == param(invite.get("to"), "tag")
+        )
+    return bool(to_tag) and their_to == to_tag
 
 
 def new_tag() -> str:

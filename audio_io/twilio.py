@@ -10,6 +10,8 @@ once the audio sent before it has been played: the playout ledger's evidence) an
 ``clear`` (drop the queued audio: barge-in). This module parses and builds those
 messages; it knows nothing of sessions. `parse` checks every field it uses and raises
 `ProtocolError` with a code, so a bad message is refused on its own, never half-read.
+What a message may carry is bounded (a second of audio in a ``media``, `MAX_PARAMETERS`
+custom parameters in ``start``), so nothing a call keeps grows with what a caller sends.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ RATE = 8000
 FRAME_BYTES = 160  # 20 ms of μ-law at 8 kHz
 MAX_MEDIA_BYTES = 8000  # one second; Twilio sends 20 ms chunks
 DIGITS = frozenset("0123456789*#ABCD")
+MAX_PARAMETERS = 64  # <Parameter>s of a <Stream> (the token among them); kept for the whole call
 
 
 class ProtocolError(ValueError):
@@ -130,10 +133,14 @@ def parse(text: str | bytes) -> Message:
     if kind == "start":
         start = _object(message.get("start"), "start")
         params = start.get("customParameters") or {}
-        if not isinstance(params, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in params.items()
+        if (
+            not isinstance(params, dict)
+            or len(params) > MAX_PARAMETERS
+            or not all(isinstance(k, str) and isinstance(v, str) for k, v in params.items())
         ):
-            raise ProtocolError("bad_message", "start.customParameters must map strings to strings")
+            raise ProtocolError(
+                "bad_message", f"start.customParameters must map strings to strings, at most {MAX_PARAMETERS}"
+            )
         fmt = _object(start.get("mediaFormat") or {}, "start.mediaFormat")
         encoding, rate = fmt.get("encoding", "audio/x-mulaw"), fmt.get("sampleRate", RATE)
         if encoding != "audio/x-mulaw" or rate != RATE or fmt.get("channels", 1) != 1:

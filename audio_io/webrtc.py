@@ -17,6 +17,24 @@ browser closes, when it is not connected within ``connect_timeout_s``, or when n
 has come in for ``inbound_timeout_s`` (a vanished browser; ICE alone notices only after
 ~30 s). The route that made it closes the session with it.
 
+Limits, for offers from anyone (the offer is checked as text, `check_offer`, before
+aiortc parses any of it):
+
+- at most `MAX_CANDIDATES` ICE candidates (64; a browser offers a few per interface and
+  ICE server, ~2-20): aioice pairs each remote candidate with the others in O(n²) on the
+  event loop, and 20,000 in one offer (under the 1 MiB body limit) held the loop for
+  30 s to over 2 minutes. No trickle: the offer's candidates are the only ones taken.
+- at most `MAX_OFFER_CHARS` of SDP (64 KiB; browsers' offers are 2-10 KB).
+- an audio section that offers Opus (opus/48000/2), and the answer names Opus alone:
+  the session takes the track's 48 kHz, and a G.722 or G.711 call would be heard as
+  nothing. Browsers always offer Opus.
+
+Events wait in aiortc's data channel queue, which has no bound, for a browser that
+takes them (SCTP acknowledges what it reads). Audio cannot pile up (RTP is sent on the
+track's clock and never waits), but events can, for a peer that keeps its audio flowing
+and acknowledges no data: `stalled_s` and `overflowed` tell the route, and beyond
+`MAX_BUFFERED_BYTES` events are dropped, so the queue stays bounded until it acts.
+
 This module knows nothing of sessions or models: it converts wire formats.
 """
 
@@ -39,8 +57,10 @@ from aiortc import (
     RTCDataChannel,
     RTCIceServer,
     RTCPeerConnection,
+    RTCRtpSender,
     RTCSessionDescription,
 )
+from aiortc.exceptions import OperationError
 from aiortc.jitterbuffer import JitterFrame
 from aiortc.mediastreams import MediaStreamError
 from aiortc.rtp import RtpPacket
@@ -58,6 +78,10 @@ SLACK_IDLE = 0.005  # between replies, silence goes out this late for its slot
 SLACK_PLAYING = 0.030  # mid-reply, a late frame (a busy machine) beats a 20 ms hole in the voice
 MAX_PENDING_MESSAGES = 256  # events kept for a data channel that is not open yet
 MAX_GAP = RATE // 2  # lost audio up to this long is kept as silence (longer: a new start)
+MAX_CANDIDATES = 64  # ICE candidates in one offer (browsers: ~2-20); aioice adds them in O(n²)
+MAX_OFFER_CHARS = 64 * 1024  # an offer's SDP (browsers: 2-10 KB)
+MAX_BUFFERED_BYTES = 1 << 20  # events the browser has not taken; beyond, they are dropped
+OPUS = [c for c in RTCRtpSender.getCapabilities("audio").codecs if c.mimeType.lower() == "audio/opus"]
 _JITTER_BUFFER = "_RTCRtpReceiver__jitter_buffer"  # aiortc's, replaced by AudioJitterBuffer
 
 _interfaces = aioice.ice.get_host_addresses
@@ -120,6 +144,46 @@ class OfferError(Exception):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+def audio_codecs(sdp: str) -> list[str] | None:
+    """The codecs an SDP's audio sections offer, as named (``opus/48000/2``, or ``payload
+    type 9`` where no ``a=rtpmap`` names one); None if it has no audio section."""
+    codecs: list[str] | None = None
+    in_audio, types, names = False, list[str](), dict[str, str]()  # the section being read
+    for line in [*sdp.splitlines(), "m="]:  # the last "m=" ends the last section
+        if line.startswith("m="):
+            if in_audio:
+                codecs = [*(codecs or []), *(names.get(pt, f"payload type {pt}") for pt in types)]
+            in_audio, types, names = line.startswith("m=audio "), line.split()[3:], {}
+        elif in_audio and line.startswith("a=rtpmap:"):
+            payload_type, _, name = line[len("a=rtpmap:") :].partition(" ")
+            names[payload_type] = name.strip()
+    return codecs
+
+
+def check_offer(sdp: str) -> None:
+    """Raise `OfferError` for an offer this transport will not hand to aiortc: too many
+    ICE candidates, too long, no audio, or no Opus. Plain text scans, linear in the
+    offer, so they cost nothing next to what they spare: aiortc and aioice parse and
+    pair everything in one go on the event loop."""
+    candidates = sdp.count("a=candidate:")
+    if candidates > MAX_CANDIDATES:
+        raise OfferError(
+            "too_many_candidates",
+            f"the offer has {candidates} ICE candidates; at most {MAX_CANDIDATES} are taken",
+        )
+    if len(sdp) > MAX_OFFER_CHARS:
+        raise OfferError("offer_too_large", f"the offer is {len(sdp)} characters; at most {MAX_OFFER_CHARS}")
+    codecs = audio_codecs(sdp)
+    if codecs is None:
+        raise OfferError("no_audio", "the offer has no audio section (m=audio)")
+    if not any(name.lower().startswith("opus/48000") for name in codecs):
+        raise OfferError(
+            "unsupported_codec",
+            f"the offer's audio codecs ({', '.join(codecs) or 'none'}) do not include Opus "
+            "(opus/48000/2), the one this server takes",
+        )
 
 
 class OutboundTrack(MediaStreamTrack):
@@ -222,6 +286,10 @@ class WebRtcPeer:
         self.frames_received = 0
         self._channel: RTCDataChannel | None = None  # once the browser opens it
         self._pending: collections.deque[str] = collections.deque(maxlen=MAX_PENDING_MESSAGES)
+        self.overflowed = False  # an event was dropped: the browser took none of `MAX_BUFFERED_BYTES`
+        self._bytes_sent = 0  # handed to the channel; less its bufferedAmount: taken by SCTP
+        self._taken = 0
+        self._taken_at = time.monotonic()  # when SCTP last took some, or the channel was last empty
         self._tasks: set[asyncio.Task[None]] = set()
         self._last_inbound = time.monotonic()
         self._on_audio: Callable[[AudioFrame], None] = lambda frame: None
@@ -236,22 +304,23 @@ class WebRtcPeer:
         on_message: Callable[[str], Awaitable[None]],
     ) -> str:
         """Take the browser's offer and return the answer SDP, with every ICE candidate
-        in it (no trickle). Raises `OfferError` for an offer that cannot be answered."""
+        in it (no trickle). Raises `OfferError` for an offer that cannot be answered, and
+        for one over the limits (`check_offer`) before aiortc has parsed any of it."""
+        check_offer(sdp)
         self._on_audio, self._on_message = on_audio, on_message
-        if "\nm=audio " not in "\n" + sdp.replace("\r\n", "\n"):
-            raise OfferError("no_audio", "the offer has no audio section (m=audio)")
         pc = self.pc
         pc.on("track", self._on_track)
         pc.on("datachannel", self._on_datachannel)
         pc.on("connectionstatechange", self._on_state)
+        # Ours before the offer's, so that it takes the first audio section with Opus alone
+        # (aiortc would otherwise answer with the offer's first common codec: G.722, say).
+        pc.addTransceiver(self.track).setCodecPreferences(OPUS)
         try:
             await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
+        except OperationError as e:  # aiortc: a section with no codec in common
+            raise OfferError("unsupported_codec", f"no codec in common with the offer: {e}") from None
         except Exception as e:  # aiortc raises ValueError, KeyError, ... on malformed SDP
             raise OfferError("bad_sdp", f"the offer is not valid SDP: {e or type(e).__name__}") from None
-        audio = [t for t in pc.getTransceivers() if t.kind == "audio"]
-        if not audio:
-            raise OfferError("no_audio", "the offer has no audio section aiortc can use")
-        pc.addTrack(self.track)
         await pc.setLocalDescription(await pc.createAnswer())
         self.remote_ufrag = ice_ufrag(sdp)
         self._spawn(self._watch(), "webrtc-watchdog")
@@ -310,8 +379,35 @@ class WebRtcPeer:
             self._send_now(text)
 
     def _send_now(self, text: str) -> None:
-        if self._channel is not None and self._channel.readyState == "open":
-            self._channel.send(text)
+        channel = self._channel
+        if channel is None or channel.readyState != "open":
+            return
+        self._note_taken(time.monotonic())
+        if channel.bufferedAmount > MAX_BUFFERED_BYTES:
+            self.overflowed = True  # dropped: memory stays bounded until the route ends the peer
+            return
+        before = channel.bufferedAmount
+        channel.send(text)
+        self._bytes_sent += channel.bufferedAmount - before  # as aiortc counts it (UTF-8 bytes)
+
+    def _note_taken(self, now: float) -> None:
+        """Progress on the channel: SCTP took some of what waited (aiortc lowers
+        bufferedAmount as it takes messages into the association, which the browser
+        must acknowledge first), or nothing waits at all."""
+        assert self._channel is not None
+        buffered = self._channel.bufferedAmount
+        taken = self._bytes_sent - buffered
+        if buffered == 0 or taken > self._taken:
+            self._taken, self._taken_at = taken, now
+
+    def stalled_s(self, now: float | None = None) -> float:
+        """Seconds events have waited on the ``events`` channel with none taken by the
+        browser (0 while none wait): a peer that acknowledges no data."""
+        if self._channel is None:
+            return 0.0  # kept in `_pending`, bounded, until the browser opens it
+        now = time.monotonic() if now is None else now
+        self._note_taken(now)
+        return 0.0 if self._channel.bufferedAmount == 0 else now - self._taken_at
 
     # -- lifecycle --
 

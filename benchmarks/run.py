@@ -14,6 +14,10 @@ import sys
 
 # DUPLEX_BENCH_TURNS: the conversation benchmark's long session (turns)
 TURNS = os.environ.get("DUPLEX_BENCH_TURNS", "100")
+# BENCH_SOAK_CYCLES, BENCH_SOAK_MINUTES: the soak's connect/disconnect cycles and long
+# session (not DUPLEX_*: the configuration refuses variables of that prefix it does not know)
+SOAK_CYCLES = os.environ.get("BENCH_SOAK_CYCLES", "1000")
+SOAK_MINUTES = os.environ.get("BENCH_SOAK_MINUTES", "30")
 BENCHMARKS: dict[str, list[str]] = {
     "audio_core": [],
     "prepare": [],
@@ -24,6 +28,7 @@ BENCHMARKS: dict[str, list[str]] = {
     "ar_variants": [],
     "conversation": ["--turns", TURNS],
     "endpoint": [],
+    "soak": ["--cycles", SOAK_CYCLES, "--minutes", SOAK_MINUTES],
 }
 
 

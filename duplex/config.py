@@ -88,6 +88,15 @@ class Config:
     max_message_bytes: int = _opt(1 << 20, "largest accepted HTTP body or gRPC message")
     max_sessions: int = _opt(16, "conversations at once, over all transports (more are refused)")
     session_idle_timeout_s: float = _opt(60.0, "a session whose client sends nothing this long is closed")
+    max_session_s: float = _opt(14_400.0, "longest a session may last, seconds (then it is told and closed)")
+    handshake_timeout_s: float = _opt(
+        10.0,
+        "a connection that has not begun its session this long is closed (gRPC before its "
+        "SessionConfig, Twilio before 'start'); meanwhile it holds one of max_sessions",
+    )
+    slow_reader_timeout_s: float = _opt(
+        10.0, "a client that reads nothing of what is sent to it this long is closed (WebSocket, gRPC)"
+    )
     shutdown_timeout_s: float = _opt(4.0, "seconds to drain on SIGINT/SIGTERM before closing")
     webrtc_ice_servers: str | None = _opt(
         None, "STUN/TURN URLs for WebRTC, comma-separated (none by default: direct connections only)"
@@ -255,6 +264,13 @@ def _validate(config: Config) -> None:
         raise ConfigError("max_sessions", "must be within 1-10000")
     if not 1 <= config.session_idle_timeout_s <= 86_400:  # also refuses nan
         raise ConfigError("session_idle_timeout_s", "must be within 1-86400 s")
+    for name, low, high in (
+        ("max_session_s", 10, 30 * 86_400),
+        ("handshake_timeout_s", 1, 300),
+        ("slow_reader_timeout_s", 1, 300),
+    ):
+        if not low <= getattr(config, name) <= high:  # also refuses nan
+            raise ConfigError(name, f"must be within {low}-{high} s")
     if bool(config.sip_username) != bool(config.sip_password):
         raise ConfigError("sip_username", "sip_username and sip_password go together")
     try:

@@ -9,14 +9,17 @@
 
 Messages are the generated ones (``audio_io._proto.duplex_pb2``); this wraps the stream
 so that callers write ``send_audio``, ``ack``, ``say``, ``cancel`` instead of building
-``ClientEvent`` oneofs.
+``ClientEvent`` oneofs. Read the events as they come: the server ends a stream whose
+client has read nothing for its ``slow_reader_timeout_s`` (RESOURCE_EXHAUSTED,
+``slow_reader``) once HTTP/2 flow control has stopped its writer.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from types import TracebackType
+from typing import Any
 
 import grpc
 
@@ -88,12 +91,16 @@ class Conversation:
 
 
 class DuplexClient:
-    def __init__(self, target: str, token: str | None = None) -> None:
-        options = [
+    def __init__(
+        self, target: str, token: str | None = None, options: Sequence[tuple[str, Any]] = ()
+    ) -> None:
+        """``options``: more grpc channel arguments (``grpc.http2.bdp_probe``, ...)."""
+        channel_options = [
             ("grpc.max_send_message_length", MAX_MESSAGE),
             ("grpc.max_receive_message_length", MAX_MESSAGE),
+            *options,
         ]
-        self.channel = grpc.aio.insecure_channel(target, options=options)
+        self.channel = grpc.aio.insecure_channel(target, options=channel_options)
         self.stub = pb_grpc.DuplexStub(self.channel)
         self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
 

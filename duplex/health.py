@@ -10,6 +10,7 @@ from dataclasses import dataclass
 class ComponentState(enum.Enum):
     STARTING = "starting"
     READY = "ready"
+    RESTARTING = "restarting"  # it stopped while serving; the service is bringing it back
     FAILED = "failed"
 
 
@@ -36,6 +37,9 @@ class Readiness:
             for listener in self._listeners:
                 listener(self.ready)
 
+    def detail(self, name: str) -> str:
+        return self._components[name].detail
+
     def on_change(self, listener: Callable[[bool], None]) -> None:
         self._listeners.append(listener)
 
@@ -45,7 +49,10 @@ class Readiness:
 
     def snapshot(self) -> dict[str, object]:
         states = {c.state for c in self._components.values()}
-        status = "failed" if ComponentState.FAILED in states else "ready" if self.ready else "starting"
+        status = next(
+            (s.value for s in (ComponentState.FAILED, ComponentState.RESTARTING) if s in states),
+            "ready" if self.ready else "starting",
+        )
         return {
             "status": status,
             "components": {

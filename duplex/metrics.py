@@ -7,6 +7,7 @@ is also sent to the session's client as a ``duplex.turn.metrics`` event.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -43,6 +44,22 @@ LOOP_LAG = Histogram(
     "how late a timer fires on the event loop (10 ms in benchmarks, 50 ms when serving)",
     buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0),
 )
+
+
+def _tasks_alive() -> float:
+    """asyncio tasks alive on the running loop: read at each scrape, which runs on the
+    server's loop (outside a loop, e.g. a scrape from another thread: not known)."""
+    try:
+        return len(asyncio.all_tasks())
+    except RuntimeError:
+        return float("nan")
+
+
+# what a session, call or peer that never ended would leave behind (`duplex bench soak`)
+TASKS = Gauge("duplex_asyncio_tasks", "asyncio tasks alive in the server process (read at each scrape)")
+TASKS.set_function(_tasks_alive)
+THREADS = Gauge("duplex_threads", "threads alive in the server process (read at each scrape)")
+THREADS.set_function(threading.active_count)
 
 
 def observe_turn(breakdown_ms: dict[str, float]) -> None:

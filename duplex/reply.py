@@ -38,6 +38,7 @@ from duplex.state import Lifecycle
 from duplex.transports.port import Sink
 from duplex.turn import TurnTimes
 from models.llm import LlmError
+from models.llm_types import LlmUnavailable
 from models.tts import TtsStream, WordMark
 
 log = logging.getLogger("duplex.reply")
@@ -108,6 +109,7 @@ class Reply:
         self.tasks: list[asyncio.Task[None]] = []
         self.synthesized = False  # TTS has produced every frame
         self.stopped = False  # `stop` was called: none of its tasks runs again
+        self.error: SessionError | None = None  # it failed (LLM or TTS): it ends ``failed``
         self.quick_paused: float | None = None  # paused on a loud onset, awaiting the VAD's confirmation
         self.announced = not held  # its events go to the client (else they are kept back)
         self.held_events: list[Event] = []
@@ -166,23 +168,33 @@ class Reply:
                     self.times.first_phrase = time.monotonic()
                 self.emit(ev.TEXT_DELTA, delta=delta)
         except LlmError as e:
-            self._host.send_error(SessionError("llm_error", str(e)))
+            self._fail(llm_failure(e))
         finally:
             if self.tts.end_text() and self.times.first_phrase is None:
                 self.times.first_phrase = time.monotonic()
 
     async def _synthesize(self) -> None:
         turn = self._ledger.turn(self.id)
-        async for item in self.tts.frames():
-            if isinstance(item, WordMark):
-                turn.add_mark(TextMark(item.char_start, item.char_end, item.sample_start, item.sample_end))
-                continue
-            if self.times.first_audio is None:
-                self.times.first_audio = time.monotonic()
-            self._ledger.record_generated(self.id, item.num_samples)
-            self.pacer.put(item)
+        try:
+            async for item in self.tts.frames():
+                if isinstance(item, WordMark):
+                    mark = TextMark(item.char_start, item.char_end, item.sample_start, item.sample_end)
+                    turn.add_mark(mark)
+                    continue
+                if self.times.first_audio is None:
+                    self.times.first_audio = time.monotonic()
+                self._ledger.record_generated(self.id, item.num_samples)
+                self.pacer.put(item)
+        except Exception:  # a phrase that could not be synthesized: what is queued plays, then it ends
+            log.exception("reply %s: synthesis failed", self.id)
+            self._fail(SessionError("tts_error", "the reply's speech could not be synthesized"))
+            self.tts.cancel()
+            self.tasks[0].cancel()  # no more words: they would never be heard
+            if self._abort is not None:
+                await self._abort()
+        else:  # every word of the text has its audio (a failed reply's text runs past it)
+            self._ledger.finish_turn(self.id)
         self.synthesized = True
-        self._ledger.finish_turn(self.id)
         if self.pacer.queued_frames == 0:
             self.pacer.close()
 
@@ -202,6 +214,12 @@ class Reply:
                 break
         if self.synthesized:
             await self._host.played_out(self)
+
+    def _fail(self, error: SessionError) -> None:
+        """The reply cannot go on: the client is told at once; it ends ``failed``."""
+        if self.error is None:
+            self.error = error
+            self._host.send_error(error)
 
     # -- what the client is told, and when --
 
@@ -244,7 +262,7 @@ class Reply:
         a ``status``, the client is told (``response.done``; a held reply's is kept back)."""
         if status is not None:
             self.emit(ev.RESPONSE_DONE, status=status)
-        if status == "completed":
+        if status in ("completed", "failed"):  # it ended by itself, not stopped
             self.to(ReplyState.DONE)
         else:
             self.to(ReplyState.DROPPED if self.held else ReplyState.CUT)
@@ -254,6 +272,11 @@ class Reply:
         turn = self._ledger.turn(self.id)
         earlier = turn.heard_text(max(0, turn.sent - int(seconds * self._ledger.sample_rate)))
         return turn.heard_text(turn.sent)[len(earlier) :]
+
+
+def llm_failure(e: LlmError) -> SessionError:
+    """The typed error a client gets for an LLM request that failed."""
+    return SessionError("llm_unavailable" if isinstance(e, LlmUnavailable) else "llm_error", str(e))
 
 
 async def gather_cancelled(tasks: list[asyncio.Task[None]]) -> None:

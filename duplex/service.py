@@ -9,8 +9,10 @@ preparation child and both listeners within ``shutdown_timeout_s``.
 
 Once prepared, the engines are loaded in this process (the LLM's vLLM engine core in
 its own child), and each component turns ready as its engine is up; transports open
-sessions through `Sessions`, which refuses them until then. Shutdown closes every
-session, then the engines.
+sessions through `Sessions`, which refuses them until then. `EngineWatch` then keeps
+the engines running (a dead one is restarted; health says so meanwhile). Shutdown
+refuses new sessions first, tells every live session why it ends and closes it, then
+stops the engines.
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ from aiohttp import web
 
 from audio_io.webrtc import set_host_addresses
 from duplex.config import Config
+from duplex.engine_watch import EngineWatch
 from duplex.engines import Engines
+from duplex.events import SessionError
 from duplex.health import ComponentState, Readiness
 from duplex.http_app import build_http_app
 from duplex.metrics import LoopLag
@@ -63,7 +67,7 @@ class Service:
         self.readiness = Readiness(list(COMPONENTS.values()))
         self.stopped = asyncio.Event()
         self.exit_code = 0
-        self.sessions = Sessions(config.max_sessions, config.session_idle_timeout_s)
+        self.sessions = Sessions(config.max_sessions, config.session_idle_timeout_s, config.max_session_s)
         self.webrtc = WebRtcEndpoint(config, self.sessions)
         self.twilio = TwilioEndpoint(config, self.sessions)
         self.realtime = RealtimeEndpoint(config, self.sessions)
@@ -73,6 +77,7 @@ class Service:
         self._grpc: GrpcListener | None = None
         self._sip: SipListener | None = None
         self._prepare_task: asyncio.Task[None] | None = None
+        self._engine_watch: asyncio.Task[None] | None = None
         self._child: asyncio.subprocess.Process | None = None
 
     async def start(self) -> None:
@@ -162,6 +167,14 @@ class Service:
             log.exception("loading the models failed")
             return self._prepare_failed(f"loading the models failed: {e}")
         self.sessions.attach(self.engines)
+        watch = EngineWatch(self.engines, self.readiness, self.sessions, self._give_up)
+        self._engine_watch = asyncio.create_task(watch.run(), name="engine-watch")
+
+    def _give_up(self, reason: str) -> None:
+        """An engine cannot be kept running: exit non-zero, for a supervisor to act on."""
+        log.error("stopping: %s", reason)
+        self.exit_code = 1
+        self.stopped.set()
 
     def _prepare_failed(self, message: str) -> None:
         for component in COMPONENTS.values():  # the reason (paths and all) goes to the log only
@@ -173,17 +186,22 @@ class Service:
     async def stop(self) -> None:
         """Stop everything within ``shutdown_timeout_s``; safe to call twice."""
         timeout = self.config.shutdown_timeout_s
+        self.sessions.set_unavailable(SessionError("shutting_down", "the server is shutting down"))
         await self._loop_lag.stop()
         if self._prepare_task is not None and not self._prepare_task.done():
             self._prepare_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._prepare_task
         await self._end_child(timeout / 4)
+        if self._engine_watch is not None:  # no restarts while the engines stop
+            self._engine_watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._engine_watch
         await self.webrtc.close_all()
         if self._sip is not None:
             sip_listener, self._sip = self._sip, None
             await sip_listener.stop()  # BYE to every caller
-        await self.sessions.close_all()
+        await self.sessions.close_all(SessionError("shutting_down", "the server is shutting down"))
         if self.engines is not None:
             engines, self.engines = self.engines, None
             await asyncio.to_thread(engines.close)

@@ -39,14 +39,15 @@ from duplex.echo import EchoGate
 from duplex.engines import Engines
 from duplex.events import Event, SessionError
 from duplex.inbound import Inbound
-from duplex.reply import Outlet, Reply, ReplyState, gather_cancelled
+from duplex.reply import Outlet, Reply, ReplyState, gather_cancelled, llm_failure
 from duplex.session_config import SessionConfig, check_system_prompt
 from duplex.state import State, StateMachine
 from duplex.transports.port import SessionPort, Sink, Voice
 from duplex.turn import Interruption, TurnTimes, word_times_ms
-from models.conversation import Conversation, check_user_text
+from models.conversation import MAX_USER_CHARS, Conversation, check_user_text
 from models.listen import Listener, ListenEvent, ListenEventKind
 from models.llm import LlmError
+from models.llm_types import LlmUnavailable
 from models.vad import VadConfig
 
 log = logging.getLogger("duplex.session")
@@ -161,9 +162,16 @@ class Session(SessionPort):
         `respond`; a bad one is a `SessionError`."""
         self.touch()
         try:
-            self._unanswered.append(check_user_text(text))
+            text = check_user_text(text)
         except LlmError as e:
             raise SessionError("bad_text", str(e)) from None
+        waiting = sum(len(t) + 1 for t in self._unanswered)
+        if waiting + len(text) > MAX_USER_CHARS:  # they are answered as one turn
+            raise SessionError(
+                "too_much_input",
+                f"{waiting} characters of user turns wait for a reply; one takes {MAX_USER_CHARS} at most",
+            )
+        self._unanswered.append(text)
 
     async def respond(self) -> None:
         """Answer the user turns not answered yet: those of `add_turn`, and those heard
@@ -246,7 +254,7 @@ class Session(SessionPort):
                 if held is not None and held.held and self._listener.speaking and not self._listener.paused:
                     await self._drop(held)  # the caller went on after the pause
             except LlmError as e:  # this session's turn could not be served; the session goes on
-                self.send_error(SessionError("llm_error", str(e)))
+                self.send_error(llm_failure(e))
             except Exception:  # a bug: this session reports it, every other one carries on
                 log.exception("session %s: listening failed", self.id)
                 self.send_error(SessionError("internal_error", "the server failed to process this audio"))
@@ -364,8 +372,10 @@ class Session(SessionPort):
         async def run() -> None:
             try:
                 await self.conversation.prefill(words)
+            except LlmUnavailable:  # said once, by the turn's reply, not at every word
+                log.debug("session %s: no prefill while the LLM is out", self.id)
             except LlmError as e:
-                self.send_error(SessionError("llm_error", str(e)))
+                self.send_error(llm_failure(e))
 
         self._own(asyncio.create_task(run(), name=f"{self.id}-prefill"))
 
@@ -436,6 +446,8 @@ class Session(SessionPort):
         self._transcript_done(text, event)
         if turn in (policy.Turn.HOLD, policy.Turn.AFTER_REPLY):
             self._unanswered.append(text)
+            while sum(len(t) + 1 for t in self._unanswered) > MAX_USER_CHARS and len(self._unanswered) > 1:
+                self._unanswered.pop(0)  # answered as one turn, which has room for the newest
             self._after_reply = self._after_reply or turn is policy.Turn.AFTER_REPLY
         elif turn is policy.Turn.ANSWER:
             await self._answer(text, self._times)
@@ -560,7 +572,11 @@ class Session(SessionPort):
         self._emit(ev.METRICS, response_id=reply.id, **breakdown)
 
     async def played_out(self, reply: Reply) -> None:
-        if self._reply is reply:
+        if self._reply is reply and reply.error is not None:  # failed: keep what was heard
+            self.ledger.discard_unsent(reply.id)
+            self.conversation.truncate(reply.id, self.ledger.heard_text(reply.id))
+            self._finish(reply, "failed")
+        elif self._reply is reply:
             self._finish(reply, "completed")
             if self._after_reply and self._unanswered and self.state is State.LISTENING:
                 await self._answer("", TurnTimes(final=time.monotonic()))  # words heard over it

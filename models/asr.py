@@ -47,6 +47,7 @@ SAMPLE_RATE = RUNTIME_RATE
 WINDOW_S = 30
 TAIL_PAD = int(0.3 * SAMPLE_RATE)
 MAX_WINDOW = 20 * SAMPLE_RATE  # with nothing committed for this long, keep only the newest half
+MAX_UTTERANCE_WORDS = 600  # ~3,600 characters, what one user turn can hold: longer keeps the newest
 PREVIOUS_TEXT_TOKENS = 48  # context from before the window, as Whisper's previous-text prompt
 NO_SPEECH_THRESHOLD = 0.6
 
@@ -128,25 +129,37 @@ class AsrEngine:
         self.passes = 0
         self.busy_s = 0.0  # worker time spent in passes
         self._counter_lock = threading.Lock()
-        self._threads = [
-            threading.Thread(target=self._work, name=f"asr-engine-{i}", daemon=True) for i in range(workers)
-        ]
-        for thread in self._threads:
-            thread.start()
+        self._threads = [self._worker(i) for i in range(workers)]
+
+    def _worker(self, i: int) -> threading.Thread:
+        thread = threading.Thread(target=self._work, name=f"asr-engine-{i}", daemon=True)
+        thread.start()
+        return thread
 
     @property
     def alive(self) -> bool:
         return all(t.is_alive() for t in self._threads)
 
+    def restart(self) -> int:
+        """Start a worker in place of each one that died; how many were restarted. The
+        queue is kept: the passes waiting in it run on the new workers."""
+        dead = [i for i, t in enumerate(self._threads) if not t.is_alive()]
+        for i in dead:
+            self._threads[i] = self._worker(i)
+        return len(dead)
+
     def stream(self, partial_interval_ms: int = 500) -> AsrStream:
         return AsrStream(self, partial_interval_ms * SAMPLE_RATE // 1000)
 
-    def close(self) -> None:
-        """Stop the workers after the passes in progress; idempotent."""
+    def close(self, timeout: float = 1.0) -> None:
+        """Stop the workers after the passes in progress, waiting at most ``timeout`` s
+        for them all (a long pass is left to finish in its daemon thread: shutdown must
+        not wait for a 30 s window); idempotent."""
         for _ in self._threads:
             self._jobs.put((-1, next(self._seq), None))
+        deadline = time.monotonic() + timeout
         for thread in self._threads:
-            thread.join(timeout=10)
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
     # -- passes (worker thread, or any thread for one-shot use) --
 
@@ -280,6 +293,9 @@ class AsrEngine:
             except Exception as e:  # a bad pass fails its request, not the engine
                 log.exception("ASR pass failed (%d samples)", job.audio.size)
                 hyp = e
+            except BaseException:  # the worker ends (the engine watch starts another): the pass fails first
+                job.deliver(RuntimeError("the ASR worker stopped during this pass"))
+                raise
             with self._counter_lock:
                 self.passes += 1
                 self.busy_s += time.perf_counter() - started
@@ -467,6 +483,7 @@ class AsrStream:
         if self._audio.size > self.window and committed and committed[-1].end > self._offset:
             cut = committed[-1].end - self._offset
             self._earlier.extend(committed)
+            del self._earlier[:-MAX_UTTERANCE_WORDS]  # a monologue without end holds bounded memory
             self._agreement = LocalAgreement()
         elif self._audio.size > MAX_WINDOW:
             cut = self._audio.size - MAX_WINDOW // 2  # nothing agreed for 20 s: keep the newest half

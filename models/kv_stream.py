@@ -90,6 +90,8 @@ class KvStream:
                 item = await self._outputs.get()
                 if item is _END:
                     return
+                if isinstance(item, LlmError):
+                    raise item
                 if isinstance(item, BaseException):
                     raise LlmError(str(item)) from item
                 generated += item.token_ids

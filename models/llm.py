@@ -37,7 +37,7 @@ from models.chat_format import ChatFormat
 from models.handoff import in_daemon_thread
 from models.kv_budget import KvBudget
 from models.kv_stream import KvStream
-from models.llm_types import Delta, EngineCounters, LlmError
+from models.llm_types import Delta, EngineCounters, LlmError, LlmUnavailable
 from models.verify import resolve_dtype
 
 if TYPE_CHECKING:
@@ -158,6 +158,33 @@ class LlmEngine:
         return self._engine is not None
 
     @property
+    def errored(self) -> bool:
+        """vLLM's engine core died (vLLM's monitor saw its process end, or it failed):
+        no request can be served until `restart`."""
+        return self._engine is not None and bool(self._engine.errored)
+
+    def _running(self) -> Any:
+        """The engine, or `LlmUnavailable` while it is dead or restarting."""
+        if self._engine is None or self._engine.errored:
+            raise LlmUnavailable("the LLM engine is not running; the service is bringing it back")
+        return self._engine
+
+    async def restart(self) -> None:
+        """Replace a dead engine core with a new one (~20 s on a warm compile cache).
+
+        Every stream ends (its KV died with the engine core): each session's next turn
+        opens a new one and prefills its whole prompt. Raises if the new engine does not
+        start; `started` is then False and the caller may try again.
+        """
+        for stream in list(self._streams.values()):
+            stream.cancel()
+        self._streams.clear()
+        engine, self._engine, self._budget = self._engine, None, None
+        if engine is not None:
+            await asyncio.to_thread(_stop, engine, 1.0)
+        await self.start()
+
+    @property
     def capacity_tokens(self) -> int:
         """The KV cache's size in tokens; 0 until started."""
         return self._budget.capacity_tokens if self._budget is not None else 0
@@ -170,7 +197,7 @@ class LlmEngine:
         ignore_eos: bool = False,
     ) -> AsyncIterator[Delta]:
         """Stream a reply; closing the iterator early aborts the request in vLLM."""
-        assert self._engine is not None, "LlmEngine.start() was not awaited"
+        engine = self._running()
         if len(prompt_token_ids) + 1 > self.config.max_model_len:
             raise LlmError(
                 f"prompt of {len(prompt_token_ids)} tokens exceeds the context of {self.config.max_model_len}"
@@ -178,7 +205,7 @@ class LlmEngine:
         params = self._params(max_tokens or self.config.max_tokens, ignore_eos)
         # vLLM may modify the prompt list in place: give it a copy
         async for delta in self._deltas(
-            self._engine.generate({"prompt_token_ids": list(prompt_token_ids)}, params, request_id)
+            engine.generate({"prompt_token_ids": list(prompt_token_ids)}, params, request_id)
         ):
             yield delta
 
@@ -193,8 +220,7 @@ class LlmEngine:
             ignore_eos=ignore_eos,
         )
 
-    @staticmethod
-    async def _deltas(stream: Any) -> AsyncIterator[Delta]:
+    async def _deltas(self, stream: Any) -> AsyncIterator[Delta]:
         try:
             async for output in stream:
                 completion = output.outputs[0]
@@ -208,13 +234,18 @@ class LlmEngine:
                 )
         except ValueError as e:  # vLLM's validation errors (too long, bad ids)
             raise LlmError(str(e)) from e
+        except Exception as e:
+            if self._engine is None or self._engine.errored:  # vLLM's EngineDeadError
+                raise LlmUnavailable("the LLM engine stopped during this request") from e
+            raise
         finally:
             await stream.aclose()
 
     # -- resumable requests: one per session (models.kv_stream), and the KV's books --
 
     def open_stream(self, request_id: str) -> KvStream:
-        assert self._engine is not None and self._budget is not None, "LlmEngine.start() was not awaited"
+        self._running()
+        assert self._budget is not None
         stream = KvStream(self, request_id)
         self._budget.open(request_id)
         self._streams[request_id] = stream
@@ -227,13 +258,13 @@ class LlmEngine:
         return StreamingInput(tokens_input(list(chunk)), self._params(max_tokens, ignore_eos))
 
     def generate_streaming(self, request_id: str, inputs: AsyncIterator[Any]) -> AsyncIterator[Delta]:
-        assert self._engine is not None, "LlmEngine.start() was not awaited"
-        return self._deltas(self._engine.generate(inputs, self._params(1), request_id))
+        return self._deltas(self._running().generate(inputs, self._params(1), request_id))
 
     def reserve(self, request_id: str, more_tokens: int) -> None:
         """Make room in the KV cache for the stream to grow by ``more_tokens``, closing
         idle streams, least recently used first (`models.kv_budget`)."""
-        assert self._budget is not None, "LlmEngine.start() was not awaited"
+        self._running()
+        assert self._budget is not None
         needed = self._budget.held_tokens(request_id) + more_tokens
         if needed > self.config.max_model_len:
             raise LlmError(
@@ -251,8 +282,8 @@ class LlmEngine:
 
     def settle(self, request_id: str, tokens: int) -> None:
         """The stream's chunk ended with ``tokens`` tokens in its KV."""
-        assert self._budget is not None, "LlmEngine.start() was not awaited"
-        self._budget.settle(request_id, tokens)
+        if self._budget is not None:  # None: the engine is restarting, and the stream is over
+            self._budget.settle(request_id, tokens)
 
     def release(self, request_id: str) -> None:
         """The stream ended: its KV no longer counts against the cache (idempotent)."""
@@ -264,7 +295,7 @@ class LlmEngine:
         self._streams.pop(request_id, None)
 
     async def abort(self, request_id: str) -> None:
-        if self._engine is not None:
+        if self._engine is not None and not self._engine.errored:  # a dead engine runs nothing
             await self._engine.abort(request_id)
 
     def abort_soon(self, request_id: str) -> None:
@@ -280,7 +311,18 @@ class LlmEngine:
             stream.cancel()
         engine, self._engine = self._engine, None
         if engine is not None:
-            engine.shutdown(timeout=timeout)
+            _stop(engine, timeout)
+
+
+def _stop(engine: AsyncLLM, timeout: float) -> None:
+    from vllm.utils.async_utils import cancel_task_threadsafe
+
+    # its output handler first: else it sees the engine core it waits on killed (after
+    # ``timeout``) and logs that as a failure, with a traceback
+    handler = getattr(engine, "output_handler", None)
+    if handler is not None:
+        cancel_task_threadsafe(handler)
+    engine.shutdown(timeout=timeout)
 
 
 def _model_in_engine_core(args: Any, stat_loggers: list[Any]) -> AsyncLLM:

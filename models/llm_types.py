@@ -15,6 +15,11 @@ class LlmError(Exception):
     """A request this session made cannot be served; other sessions are unaffected."""
 
 
+class LlmUnavailable(LlmError):
+    """The LLM engine is out (its process died, or it is restarting): no request can be
+    served until the service has it back."""
+
+
 @dataclass(frozen=True)
 class Delta:
     """A piece of a reply: new token ids and their text, with the request's cache figures."""

@@ -93,12 +93,24 @@ class TtsEngine:
         self._seq = itertools.count()
         self.busy_s = 0.0  # synthesis time, for the real-time factor
         self.audio_s = 0.0
-        self._thread = threading.Thread(target=self._work, name="tts-engine", daemon=True)
-        self._thread.start()
+        self._thread = self._worker()
+
+    def _worker(self) -> threading.Thread:
+        thread = threading.Thread(target=self._work, name="tts-engine", daemon=True)
+        thread.start()
+        return thread
 
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
+
+    def restart(self) -> int:
+        """Start a new worker if the one there was died (1), else nothing (0). The queue
+        is kept: the phrases waiting in it are synthesized by the new worker."""
+        if self._thread.is_alive():
+            return 0
+        self._thread = self._worker()
+        return 1
 
     def close(self) -> None:
         """Stop the worker after the phrase in progress; idempotent."""
@@ -148,6 +160,9 @@ class TtsEngine:
             except Exception as e:  # a bad phrase fails its stream, not the engine
                 log.exception("synthesis failed for a phrase of %d chars", len(job.text))
                 result = e
+            except BaseException:  # the worker ends (the engine watch starts another): the phrase fails
+                job.deliver(RuntimeError("the TTS worker stopped during this phrase"))
+                raise
             job.deliver(result)
 
     def submit(self, job: _Job, first: bool) -> None:

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
+from collections.abc import Awaitable, Callable, Sequence
 
 import grpc
 import numpy as np
 import pytest
 import pytest_asyncio
+from google.protobuf.message import DecodeError
 
 from audio_io._proto import duplex_pb2 as pb
 from audio_io._proto import duplex_pb2_grpc as pb_grpc
@@ -18,6 +21,7 @@ from audio_io.wav import read_wav, write_wav
 from duplex.caller import heard_by_marks
 from duplex.config import Config
 from duplex.grpc_client import Conversation, DuplexClient
+from duplex.metrics import LoopLag
 from duplex.sessions import Sessions
 from duplex.transports.grpc_server import GrpcListener
 from models.speech_set import wer
@@ -242,6 +246,13 @@ async def test_audio_after_cancel_and_a_half_close_mid_turn(served, tts_engine):
     assert len(sessions) == 0
 
 
+async def until(holds: Callable[[], bool], within: float) -> None:
+    deadline = time.monotonic() + within
+    while not holds():
+        assert time.monotonic() < deadline, f"not within {within} s"
+        await asyncio.sleep(0.01)
+
+
 async def until_no_session(sessions: Sessions, within: float = 10.0) -> None:
     deadline = time.monotonic() + within
     while len(sessions):
@@ -356,3 +367,248 @@ async def test_converse_needs_the_token_when_one_is_set(engines):
     finally:
         await sessions.close_all()
         await listener.stop(grace=1)
+
+
+# -- hostile clients, each beside a neighbour conversation that must not notice --
+
+STORY = "Tell me a long story about a brave little dragon."
+CONVERSE = "/duplex.v1.Duplex/Converse"
+NO_BDP = [("grpc.http2.bdp_probe", 0)]  # the flow-control window stays at 64 KiB
+WIDE = pb.AudioFormat(encoding=pb.PCM16, sample_rate=48000)  # 96 kB of reply audio a second
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def hostile(engines):
+    """A listener with room for three sessions and short handshake and slow-reader timeouts."""
+    config = Config(
+        grpc_port=0, max_sessions=3, session_idle_timeout_s=20, handshake_timeout_s=1, slow_reader_timeout_s=1
+    )
+    sessions = Sessions(config.max_sessions, config.session_idle_timeout_s)
+    sessions.attach(engines)
+    listener = GrpcListener(config, sessions)
+    await listener.start()
+    yield f"127.0.0.1:{listener.port}", sessions
+    await sessions.close_all()
+    await listener.stop(grace=1)
+
+
+class Neighbour:
+    """A well-behaved conversation beside the hostile clients: silence streamed in real
+    time, a long story asked for by text whenever the last reply is done, and the time
+    each chunk of reply audio arrived."""
+
+    def __init__(self, conversation: Conversation) -> None:
+        self.conversation = conversation
+        self.audio_at: list[float] = []
+        self.errors: list[pb.Error] = []
+        self.done = False
+        self._talking = asyncio.create_task(self._talk())
+        self._listening = asyncio.create_task(self._listen())
+
+    async def _talk(self) -> None:
+        start, k = time.monotonic(), 0
+        while True:
+            k += 1
+            await asyncio.sleep(max(0.0, start + k * 0.02 - time.monotonic()))
+            await self.conversation.send_audio(b"\x00\x00" * FRAME)
+
+    async def _listen(self) -> None:
+        await self.conversation.say(STORY)
+        async for event in self.conversation:
+            if event.HasField("audio"):
+                self.audio_at.append(time.monotonic())
+            elif event.HasField("error"):
+                self.errors.append(event.error)
+            elif event.HasField("turn") and event.turn.kind == Kind.RESPONSE_DONE and not self.done:
+                await self.conversation.say(STORY)
+
+    async def speaking(self, within: float = 60.0) -> None:
+        """Until reply audio is arriving."""
+        await until(lambda: bool(self.audio_at) and time.monotonic() - self.audio_at[-1] < 0.1, within)
+
+    def audio_since(self, moment: float) -> int:
+        return sum(1 for t in self.audio_at if t >= moment)
+
+    async def stop(self) -> None:
+        """Cancels its tasks (when a test fails midway)."""
+        self._talking.cancel()
+        self._listening.cancel()
+        await asyncio.gather(self._talking, self._listening, return_exceptions=True)
+
+    async def close(self) -> tuple[grpc.StatusCode, str]:
+        self.done = True
+        self._talking.cancel()
+        await asyncio.gather(self._talking, return_exceptions=True)
+        await self.conversation.cancel()
+        await self.conversation.close()  # half-closed and quiet: the server ends the stream
+        await asyncio.wait_for(self._listening, 30)
+        return await self.conversation.status()
+
+
+async def bytes_call(target: str, *messages: bytes) -> tuple[grpc.StatusCode, str]:
+    """Converse with raw bytes for messages (no serializer): what a broken client sends."""
+    async with grpc.aio.insecure_channel(
+        target, options=[("grpc.max_send_message_length", 16 << 20)]
+    ) as channel:
+        call = channel.stream_stream(CONVERSE)()
+        try:
+            for message in messages:
+                await call.write(message)
+            await call.done_writing()
+            async for _ in call:
+                pass
+        except grpc.aio.AioRpcError:
+            pass  # the server ended the call: its status says why
+        return await call.code(), await call.details()
+
+
+async def malformed_messages(target: str, sessions: Sessions) -> None:
+    """Bytes that are not a ClientEvent, strings that are not UTF-8 (first or later), and
+    messages over max_message_bytes: each ends its call with a status, and nothing else."""
+    config = config_event().SerializeToString()
+    text = pb.ClientEvent(text=pb.TextInput(text="hi there")).SerializeToString()
+    not_utf8 = text.replace(b"hi there", b"hi \xff\xfe\xfdr!")
+    prompt = config_event(system_prompt="hi there").SerializeToString()
+    prompt_not_utf8 = prompt.replace(b"hi there", b"hi \xff\xfe\xfdr!")
+    for message in (not_utf8, prompt_not_utf8):
+        with pytest.raises(DecodeError):  # protobuf itself refuses the string
+            pb.ClientEvent.FromString(message)
+    huge_audio = pb.ClientEvent(audio=pb.AudioChunk(data=b"\x00" * (2 << 20))).SerializeToString()
+    cases = [
+        ((b"\xff" * 16,), grpc.StatusCode.INVALID_ARGUMENT, "malformed ClientEvent"),
+        ((config, b"\xff" * 16), grpc.StatusCode.INVALID_ARGUMENT, "malformed ClientEvent"),
+        ((config, not_utf8), grpc.StatusCode.INVALID_ARGUMENT, "malformed ClientEvent"),
+        ((prompt_not_utf8,), grpc.StatusCode.INVALID_ARGUMENT, "malformed ClientEvent"),
+        ((b"\x00" * (2 << 20),), grpc.StatusCode.RESOURCE_EXHAUSTED, ""),  # > max_message_bytes
+        ((config, huge_audio), grpc.StatusCode.RESOURCE_EXHAUSTED, ""),
+    ]
+    for messages, code, words in cases:  # one at a time: each holds a place while it lasts
+        got, details = await bytes_call(target, *messages)
+        assert got == code and words in details, (len(messages), got, details)
+
+
+async def never_configured(target: str, sessions: Sessions) -> None:
+    """Streams that never send a SessionConfig fill the server, then time out."""
+    room = sessions.max_sessions - len(sessions)
+    assert room == 2
+    async with grpc.aio.insecure_channel(target) as channel:
+        idle = [pb_grpc.DuplexStub(channel).Converse() for _ in range(room)]
+        await until(lambda: sessions._held == room, 5)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            async with DuplexClient(target) as client:
+                await client.converse()
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert refused.value.details().startswith("too_many_sessions")
+        for call in idle:
+            assert await call.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            assert await call.details() == "no SessionConfig within 1 s"
+    assert sessions._held == 0
+    async with DuplexClient(target) as client:  # their places are free again
+        conversation = await client.converse()
+        await conversation.close()
+        assert [e async for e in conversation] == []
+        assert (await conversation.status())[0] == grpc.StatusCode.OK
+
+
+async def slow_readers(target: str, sessions: Sessions) -> None:
+    """Two clients ask for a story and read nothing: once the reply has filled their
+    flow-control windows, both sessions are closed; the one that reads again gets the
+    audio that was on its way, then RESOURCE_EXHAUSTED."""
+    async with DuplexClient(target, options=NO_BDP) as one, DuplexClient(target, options=NO_BDP) as two:
+        reads_again, never_reads = (
+            await one.converse(output_format=WIDE),
+            await two.converse(output_format=WIDE),
+        )
+        by_id = {s.id: s for s in sessions._open}
+        stalled = [by_id[c.started.session_id] for c in (reads_again, never_reads)]
+        for conversation in (reads_again, never_reads):
+            await conversation.say(STORY)
+        await asyncio.wait_for(asyncio.gather(*(s.closed.wait() for s in stalled)), 60)
+        events: list[pb.ServerEvent] = []
+        with pytest.raises(grpc.aio.AioRpcError):
+            async for event in reads_again:
+                events.append(event)
+        assert await reads_again.status() == (
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "slow_reader: the client read nothing for 1 s",
+        )
+        assert sum(len(e.audio.data) for e in events if e.HasField("audio")) >= 32 << 10
+        never_reads.abort()
+
+
+MIN_CASE_S = 0.5  # the loop's lag is measured this long at least (a case of 10 ms has no sample)
+HostileCase = Callable[[str, Sessions], Awaitable[None]]
+
+
+async def left_behind(sessions: Sessions, neighbour: Neighbour, began: float) -> str | None:
+    """What is wrong once a case is over (its last closes may still be running)."""
+    checks: list[tuple[str, Callable[[], bool]]] = [
+        ("the neighbour heard nothing during or right after it", lambda: neighbour.audio_since(began) > 0),
+        ("it left a session or a held place behind", lambda: len(sessions) == 1 and not sessions._held),
+    ]
+    for why, holds in checks:
+        try:
+            await until(holds, 30)
+        except AssertionError:
+            return why
+    return None
+
+
+async def run_cases(
+    target: str, sessions: Sessions, neighbour: Neighbour, cases: Sequence[HostileCase]
+) -> tuple[dict[str, str], dict[str, str]]:
+    """Each case while the neighbour hears a reply, under a `LoopLag`; a failed case is
+    noted and the next one runs, so that one run shows every case. Its failures, and
+    figures for every case."""
+    failed: dict[str, str] = {}
+    figures: dict[str, str] = {}
+    lag = LoopLag()  # what the machine does to the loop with no hostile client, for the figures
+    lag.start()
+    await asyncio.sleep(2)
+    await lag.stop()
+    figures["no hostile client"] = f"loop lag p99 {np.percentile(lag.samples_ms, 99):.1f} ms"
+    for case in cases:
+        name = case.__name__
+        await neighbour.speaking()
+        lag = LoopLag()
+        lag.start()
+        began = time.monotonic()
+        try:
+            async with asyncio.timeout(90):
+                await case(target, sessions)
+        except (AssertionError, TimeoutError, grpc.aio.AioRpcError) as e:
+            failed[name] = f"{type(e).__name__}: {e}"
+        finally:
+            took = time.monotonic() - began
+            await asyncio.sleep(max(0.0, began + MIN_CASE_S - time.monotonic()))
+            await lag.stop()
+        p99 = float(np.percentile(lag.samples_ms, 99))
+        figures[name] = (
+            f"{took:.1f} s, loop lag p99 {p99:.1f} ms (max {max(lag.samples_ms):.0f}), "
+            f"neighbour audio chunks meanwhile {neighbour.audio_since(began)}"
+        )
+        if p99 >= 50:
+            failed.setdefault(name, f"loop lag p99 {p99:.0f} ms")
+        why = await left_behind(sessions, neighbour, began)
+        if why:
+            failed.setdefault(name, why)
+    return failed, figures
+
+
+async def test_hostile_clients_get_a_status_and_a_neighbour_conversation_goes_on(hostile, caplog):
+    target, sessions = hostile
+    async with DuplexClient(target) as client:
+        neighbour = Neighbour(await client.converse())
+        try:
+            cases = [malformed_messages, never_configured, slow_readers]
+            failed, figures = await run_cases(target, sessions, neighbour, cases)
+            status = await neighbour.close()
+        finally:
+            await neighbour.stop()
+    print("\n".join(f"{name}: {figure}" for name, figure in figures.items()))
+    assert not failed, "\n".join(f"{name}: {why}" for name, why in failed.items())
+    assert status[0] == grpc.StatusCode.OK and not neighbour.errors
+    await until_no_session(sessions)
+    assert not [t for t in asyncio.all_tasks() if "grpc" in t.get_name()]
+    failures = [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
+    assert not failures, [r.getMessage() for r in failures]

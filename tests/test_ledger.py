@@ -147,3 +147,18 @@ def test_a_per_turn_report_counts_earlier_turns_as_played():
     ledger.record_played_in_turn("b", 200)
     ledger.record_played(500)
     assert (ledger.turn("a").played, ledger.turn("b").played) == (300, 200)
+
+
+def test_a_long_session_keeps_only_its_latest_turns():
+    from audio_io.ledger import MAX_TURNS
+
+    ledger = PlayoutLedger(16000)
+    for i in range(MAX_TURNS * 3):
+        turn = ledger.start_turn(f"t{i}")
+        turn.add_text("Hi.")
+        ledger.record_generated(f"t{i}", 320)
+        ledger.record_sent(f"t{i}", 320)
+        ledger.record_played(ledger.stream_sent)
+    assert len(ledger.turns) == MAX_TURNS and len(ledger._order) == MAX_TURNS
+    assert f"t{MAX_TURNS * 3 - 1}" in ledger.turns and "t0" not in ledger.turns
+    assert ledger.turns[f"t{MAX_TURNS * 3 - 1}"].played == 320  # the latest turns keep their books

@@ -421,3 +421,22 @@ async def test_with_answer_turns_off_a_turn_waits_until_respond(engines, tts_eng
     user = session.conversation.messages()[1]["content"]
     assert "capital" in user.lower() and user.endswith("Answer in one word.")
     assert "Paris" in session.conversation.messages()[2]["content"]
+
+
+async def test_user_turns_waiting_for_a_reply_are_bounded_by_what_one_reply_takes(engines):
+    from models.conversation import MAX_USER_CHARS
+
+    session = Session(engines, VirtualCaller(), SessionConfig())
+    await session.start()
+    try:
+        line = "word " * 199  # 995 characters
+        taken = 0
+        with pytest.raises(SessionError) as info:
+            for _ in range(1000):  # a client that adds items and never asks for a reply
+                session.add_turn(line)
+                taken += 1
+        assert info.value.code == "too_much_input"
+        assert taken == MAX_USER_CHARS // 996 and sum(map(len, session._unanswered)) <= MAX_USER_CHARS
+        session.add_turn("Hi.")  # a short one still fits
+    finally:
+        await session.close()

@@ -110,3 +110,54 @@ async def test_a_turn_shows_in_get_metrics(engines, tts_engine):
         assert steps[("duplex_turn_step_seconds_count", step)] >= 1
     (metrics,) = caller.of_type(ev.METRICS)  # the same figures, as the client's event
     assert metrics.data["voice_to_voice_ms"] > 0
+
+
+async def test_connections_before_their_session_hold_places_and_give_them_back(engines):
+    sessions = Sessions(max_sessions=2, idle_timeout_s=60)
+    sessions.attach(engines)
+    with sessions.hold():
+        with sessions.hold():
+            with pytest.raises(SessionError) as info:  # two sockets waiting for a first message
+                sessions.check_room()
+            assert info.value.code == "too_many_sessions"
+            with pytest.raises(SessionError), sessions.hold():
+                pass
+            session = await sessions.open(VirtualCaller(), holding=True)  # one of them begins
+        assert len(sessions) == 1  # its place went to its session: still full
+        with pytest.raises(SessionError):
+            sessions.check_room()
+    sessions.check_room()  # the other socket went, and gave its place back
+    await sessions.close_all()
+    with sessions.hold(), sessions.hold():
+        pass
+    assert session.state is State.CLOSED
+
+
+async def test_a_session_older_than_max_session_s_is_told_and_closed(engines):
+    sessions = Sessions(max_sessions=2, idle_timeout_s=60, max_session_s=1.0)
+    sessions.attach(engines)
+    caller = VirtualCaller()
+    session = await sessions.open(caller)
+    async with asyncio.timeout(10):
+        while not session.closed.is_set():
+            session.touch()  # not idle: it is closed for its age
+            await asyncio.sleep(0.05)
+    assert [e.data["error"]["code"] for e in caller.of_type(ev.ERROR)] == ["session_expired"]
+    assert len(sessions) == 0
+    await sessions.close_all()
+
+
+async def test_while_an_engine_is_out_new_sessions_are_refused_with_its_error(engines):
+    sessions = Sessions(max_sessions=2, idle_timeout_s=60)
+    sessions.attach(engines)
+    caller = VirtualCaller()
+    live = await sessions.open(caller)
+    sessions.set_unavailable(SessionError("llm_unavailable", "the LLM engine stopped"))
+    with pytest.raises(SessionError) as info:
+        await sessions.open(VirtualCaller())
+    assert info.value.code == "llm_unavailable" and len(sessions) == 1
+    sessions.set_unavailable(None)
+    await sessions.open(VirtualCaller())
+    await sessions.close_all(SessionError("shutting_down", "the server is shutting down"))
+    assert live.state is State.CLOSED
+    assert [e.data["error"]["code"] for e in caller.of_type(ev.ERROR)] == ["shutting_down"]

@@ -191,3 +191,48 @@ async def test_a_link_closes_both_sides_once_whichever_ends_first(first: str):
     assert calls == ["output", "session", "connection"]
     assert writer.cancelled()
     assert link.ended_by_session is (first == "session")
+
+
+class _Reported(_Session):
+    def __init__(self) -> None:
+        super().__init__()
+        self.errors: list[str] = []
+
+    def send_error(self, error: Any) -> None:
+        self.errors.append(error.code)
+
+
+@pytest.mark.parametrize("reader", ["stops", "keeps_up"])
+async def test_a_link_whose_client_stops_reading_closes_within_the_timeout(reader: str):
+    from audio_io.outbox import Outbox
+
+    session = _Reported()
+    outbox: Outbox[str] = Outbox(max_frames=5)
+    taken: list[str] = []
+
+    async def close_session() -> None:
+        session.closed.set()
+
+    async def noop() -> None:
+        pass
+
+    link = Link(session, close_session, noop)  # type: ignore[arg-type]
+    link.watch_reader(outbox, timeout_s=0.4)
+
+    async def writer() -> None:  # a send that blocks for good when the client stops reading
+        while True:
+            taken.append(await outbox.get())
+            if reader == "stops":
+                await asyncio.Event().wait()
+
+    link.own(writer(), "writer")
+    for i in range(40):  # 20 ms frames for 0.8 s: twice the timeout
+        outbox.put_frame([f"frame {i}"])
+        await asyncio.sleep(0.02)
+    if reader == "stops":
+        assert link.closed.is_set() and link.stalled and session.errors == ["slow_reader"]
+        assert len(taken) == 1 and outbox.stalled_s() > 0.4
+    else:
+        assert not link.closed.is_set() and not session.errors and len(taken) == 40
+        assert outbox.stalled_s() == 0.0
+        await link.close()

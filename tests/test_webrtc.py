@@ -1,28 +1,43 @@
 """The WebRTC transport: its track and resampling alone, then `POST /webrtc/offer` with
-the real models and a real WebRTC peer (aiortc) on 127.0.0.1, bad offers included."""
+the real models and a real WebRTC peer (aiortc) on 127.0.0.1, bad offers included, and
+issue 20's hostile offers beside a neighbour session."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import logging
 import random
 import threading
 import time
+from collections.abc import AsyncIterator
 
 import aiohttp
 import numpy as np
 import pytest
 import pytest_asyncio
 from aiohttp.test_utils import TestServer
-from aiortc import RTCPeerConnection
+from aiortc import RTCPeerConnection, RTCRtpSender
+from aiortc.rtcsctptransport import Chunk, DataChunk
 from aiortc.rtp import RtpPacket
 
+from audio_io import webrtc as wire
 from audio_io.frame import AudioFrame
 from audio_io.resample import resample
-from audio_io.webrtc import FRAME, AudioJitterBuffer, OutboundTrack, WebRtcPeer, set_host_addresses
+from audio_io.webrtc import (
+    FRAME,
+    AudioJitterBuffer,
+    OfferError,
+    OutboundTrack,
+    WebRtcPeer,
+    set_host_addresses,
+)
 from duplex import events as ev
 from duplex.config import Config, ConfigError
 from duplex.health import Readiness
 from duplex.http_app import build_http_app
+from duplex.metrics import LoopLag
 from duplex.sessions import Sessions
 from duplex.transports.output import OutputStage
 from duplex.transports.webrtc import PeerWire, WebRtcEndpoint
@@ -130,13 +145,74 @@ async def test_the_ice_servers_are_configurable_and_checked():
         Config(webrtc_host_addresses="localhost")
 
 
+def with_candidates(sdp: str, count: int) -> str:
+    """The offer with ``count`` more host candidates (short ones: 20,000 stay under 1 MiB)."""
+    lines = sdp.split("\r\n")
+    at = next(i for i, line in enumerate(lines) if line.startswith("a=candidate:"))
+    extra = [f"a=candidate:{i} 1 udp 1 10.{i >> 8 & 255}.{i & 255}.1 9 typ host" for i in range(count)]
+    return "\r\n".join([*lines[:at], *extra, *lines[at:]])
+
+
+def padded(sdp: str, chars: int) -> str:
+    """The offer grown to ``chars`` with attribute lines aiortc would parse and ignore."""
+    lines = sdp.split("\r\n")
+    pad = ["a=x-pad:" + "p" * 90] * (chars // 100)
+    return "\r\n".join([*lines[:-1], *pad, lines[-1]])
+
+
+async def offer_with(*mime_types: str) -> str:
+    """A real aiortc client's offer that names only these audio codecs, in this order."""
+    browser = Browser()
+    codecs = RTCRtpSender.getCapabilities("audio").codecs
+    (transceiver,) = browser.pc.getTransceivers()
+    transceiver.setCodecPreferences([c for m in mime_types for c in codecs if c.mimeType == m])
+    sdp = await browser.offer()
+    await browser.close()
+    return sdp
+
+
+async def test_offers_over_the_limits_or_without_opus_are_refused_before_aiortc_parses_them():
+    """Issue 20: 20,000 candidates held the loop ~30 s inside aioice (O(n²)); a huge SDP
+    is parsed in one go; a G.722-only offer was answered and then heard as nothing (the
+    session takes 48 kHz), a made-up codec was a misleading ``bad_sdp``. Each is refused
+    by its own code before aiortc has seen the offer (no remote description, no
+    transceiver); Opus is answered alone even when the offer prefers another codec."""
+    sdp = await offer_with("audio/opus")
+    more = wire.MAX_CANDIDATES + 1 - sdp.count("a=candidate:")
+    cases = [  # (offer, code, what the message names)
+        (padded(sdp, 900_000), "offer_too_large", "at most 65536"),
+        (with_candidates(sdp, 20_000), "too_many_candidates", "at most 64"),
+        (with_candidates(sdp, more), "too_many_candidates", f"{wire.MAX_CANDIDATES + 1} ICE candidates"),
+        (await offer_with("audio/G722"), "unsupported_codec", "(G722/8000)"),
+        (await offer_with("audio/PCMU", "audio/PCMA"), "unsupported_codec", "(PCMU/8000, PCMA/8000)"),
+        (sdp.replace("opus/48000/2", "x-made-up/48000/2"), "unsupported_codec", "x-made-up/48000/2"),
+    ]
+    for offer, code, names in cases:
+        peer = WebRtcPeer()
+        with pytest.raises(OfferError) as refused:
+            await peer.answer(offer, lambda frame: None, lambda text: asyncio.sleep(0))
+        assert refused.value.code == code and names in str(refused.value), (code, str(refused.value))
+        assert peer.pc.remoteDescription is None and not peer.pc.getTransceivers()  # never parsed
+        await peer.close()
+    for offer in (
+        with_candidates(sdp, wire.MAX_CANDIDATES - sdp.count("a=candidate:")),  # at the limit: answered
+        await offer_with("audio/G722", "audio/PCMU", "audio/opus"),  # Opus last: answered with Opus alone
+    ):
+        peer = WebRtcPeer()
+        answer = await peer.answer(offer, lambda frame: None, lambda text: asyncio.sleep(0))
+        assert wire.audio_codecs(answer) == ["opus/48000/2"], answer
+        await peer.close()
+
+
 # -- the endpoint, with the real models and a real peer --
 
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def endpoint(engines):
     set_host_addresses(["127.0.0.1"])  # loopback only, both peers (aioice is process-wide)
-    config = Config(webrtc_host_addresses="127.0.0.1", max_sessions=8, webrtc_connect_timeout_s=5)
+    config = Config(
+        webrtc_host_addresses="127.0.0.1", max_sessions=8, webrtc_connect_timeout_s=5, slow_reader_timeout_s=2
+    )
     sessions = Sessions(config.max_sessions, config.session_idle_timeout_s)
     sessions.attach(engines)
     app = build_http_app(config, Readiness(["llm"]))
@@ -317,13 +393,143 @@ async def test_a_burst_of_50_offers_is_served_up_to_the_limit(endpoint):
 
 @pytest.mark.slow
 @pytest.mark.asyncio(loop_scope="session")
-async def test_a_peer_that_never_connects_is_closed_with_its_session(endpoint):
+async def test_peers_that_never_connect_hold_their_places_until_the_connect_timeout(endpoint, caplog):
+    """Issue 20: a peer whose offer was answered but that never connects (it never
+    applies the answer) holds one of ``max_sessions`` from the answer on, and gives it
+    back at ``webrtc_connect_timeout_s``: offers that never connect hold the server for
+    that long at most."""
+    caplog.set_level(logging.INFO, logger="duplex.webrtc")
     base, webrtc, sessions = endpoint
-    browser = Browser()
-    status, _ = await browser.connect(base)
-    assert status == 200
-    await browser.pc.close()  # it had the answer, then vanished before ICE finished
-    await until(lambda: len(sessions) == 0 and not webrtc.peers, within=15)
+    probes: list[Browser] = []
+
+    async def offer_and_vanish(http: aiohttp.ClientSession) -> int:
+        probes.append(Browser())
+        sdp = await probes[-1].offer()
+        async with http.post(f"{base}/webrtc/offer", json={"type": "offer", "sdp": sdp}) as r:
+            return r.status
+
+    try:
+        async with aiohttp.ClientSession() as http:
+            for _ in range(sessions.max_sessions):
+                assert await offer_and_vanish(http) == 200
+            assert len(sessions) == len(webrtc.peers) == sessions.max_sessions
+            assert await offer_and_vanish(http) == 429  # the pending peers fill the server
+            assert all(p.pc.connectionState != "connected" for p in webrtc.peers.values())
+            timeout_s = webrtc.config.webrtc_connect_timeout_s
+            await until(lambda: len(sessions) == 0 and not webrtc.peers, within=timeout_s + 10)
+        timed_out = [r for r in caplog.records if "not connected after" in r.getMessage()]
+        assert len(timed_out) == sessions.max_sessions  # freed by the connect timeout
+        browser = await connected(base)  # and the next caller gets in
+        await browser.close()
+    finally:
+        await asyncio.gather(*(p.close() for p in probes))
+    await until(lambda: len(sessions) == 0 and not webrtc.peers)
+
+
+def deaf_to_data(browser: Browser) -> None:
+    """The client's SCTP drops every DATA chunk that comes: it acknowledges none of the
+    server's events (a peer that stopped reading), while its audio flows and its own
+    messages still go out (their acknowledgements are other chunks)."""
+    sctp = browser.pc.sctp
+    assert sctp is not None
+    receive = sctp._receive_chunk
+
+    async def deaf(chunk: Chunk) -> None:
+        if not isinstance(chunk, DataChunk):
+            await receive(chunk)
+
+    sctp._receive_chunk = deaf  # type: ignore[method-assign]
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_browser_that_takes_no_events_is_closed_as_a_slow_reader(endpoint):
+    """Issue 20: events wait in aiortc's data channel queue, which has no bound, until
+    the browser acknowledges them. A peer that acknowledges none while its audio flows
+    is closed with ``slow_reader`` after ``slow_reader_timeout_s`` (2 s here); one whose
+    events pile up past `MAX_BUFFERED_BYTES` (each bad control message here echoes
+    ~60 KB back in its error) has the rest dropped and is closed at its next check."""
+    base, webrtc, sessions = endpoint
+    slow, flooded = await connected(base), await connected(base)
+    try:
+        links = {b.session_id: webrtc._links[b.session_id] for b in (slow, flooded)}
+        peers = {b.session_id: webrtc.peers[b.session_id] for b in (slow, flooded)}
+        for browser in (slow, flooded):
+            deaf_to_data(browser)
+        for _ in range(10):  # ~10 KB of error events: more than SCTP sends unacknowledged
+            slow.send({"type": "x" * 1000})
+        for _ in range(25):  # ~1.5 MB of them
+            flooded.send({"type": "x" * 60_000})
+        await until(links[flooded.session_id].closed.is_set, within=10)
+        flood = peers[flooded.session_id]
+        assert flood.overflowed and links[flooded.session_id].stalled
+        assert flood._channel is not None
+        assert flood._channel.bufferedAmount <= wire.MAX_BUFFERED_BYTES + 70_000  # one event over, at most
+        await until(links[slow.session_id].closed.is_set, within=15)
+        assert links[slow.session_id].stalled and not peers[slow.session_id].overflowed
+        assert slow.session_id not in webrtc.peers and len(sessions) == 0
+        assert peers[slow.session_id].frames_received > 100  # its audio flowed all along
+    finally:
+        await asyncio.gather(slow.close(), flooded.close())
+    await until(lambda: len(sessions) == 0 and not webrtc.peers)
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio(loop_scope="session")
+async def test_hostile_offers_leave_a_neighbour_session_unharmed(endpoint, caplog):
+    """Issue 20's hostile WebRTC offers, each under the 1 MiB body limit, posted while a
+    neighbour session's audio flows both ways: each gets a 400 with its own code, the
+    neighbour hears the server and is heard during it, the event loop's lag p99 stays
+    under 50 ms, nothing is logged with a traceback, and no peer or session is left."""
+    caplog.set_level(logging.INFO)
+    base, webrtc, sessions = endpoint
+    neighbour = await connected(base)
+    served = webrtc.peers[neighbour.session_id]
+    sdp = await offer_with("audio/opus")
+    lags: dict[str, float] = {}
+
+    @contextlib.asynccontextmanager
+    async def case(name: str) -> AsyncIterator[None]:
+        heard, sent = len(neighbour.received), served.frames_received
+        lag, start = LoopLag(), time.monotonic()
+        lag.start()
+        yield
+        await asyncio.sleep(max(0.0, start + 0.5 - time.monotonic()))  # long enough to hear the neighbour
+        await lag.stop()
+        assert len(neighbour.received) > heard, f"{name}: the neighbour heard nothing"
+        assert served.frames_received > sent, f"{name}: the neighbour was not heard"
+        lags[name] = float(np.percentile(lag.samples_ms, 99))
+        assert lags[name] < 50, (name, lags)
+        assert len(sessions) == 1 and list(webrtc.peers) == [neighbour.session_id] and not webrtc._ufrags
+
+    def offer(sdp: str) -> bytes:
+        return json.dumps({"type": "offer", "sdp": sdp}).encode()
+
+    hostile = {
+        "20,000 candidates": (offer(with_candidates(sdp, 20_000)), "too_many_candidates"),
+        "huge sdp": (offer(padded(sdp, 1_000_000)), "offer_too_large"),
+        "unknown codec": (offer(sdp.replace("opus/48000/2", "x-made-up/48000/2")), "unsupported_codec"),
+        "G.722 only": (offer(await offer_with("audio/G722")), "unsupported_codec"),
+        "garbage sdp": (
+            offer("v=0\r\nm=audio 9 RTP/AVP 111\r\na=rtpmap:111 opus/48000/2\r\nc=IN IP4 x"),
+            "bad_sdp",
+        ),
+        "non-UTF-8 body": (b'{"type": "offer", "sdp": "\xff\xfe"}', "bad_offer"),
+        "non-JSON body": (sdp.encode(), "bad_offer"),
+    }
+    json_type = {"Content-Type": "application/json"}
+    try:
+        async with aiohttp.ClientSession() as http:
+            for name, (body, code) in hostile.items():
+                assert len(body) < webrtc.config.max_message_bytes, name  # the body limit lets it in
+                async with case(name), http.post(f"{base}/webrtc/offer", data=body, headers=json_type) as r:
+                    assert (r.status, (await r.json())["error"]["code"]) == (400, code), name
+    finally:
+        await neighbour.close()
+    await until(lambda: len(sessions) == 0 and not webrtc.peers)
+    assert not [t for t in asyncio.all_tasks() if t.get_name().startswith("webrtc-")]
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
+    print("loop lag p99 (ms) per case:", {k: round(v, 1) for k, v in lags.items()})
 
 
 @pytest.mark.slow

@@ -1,5 +1,7 @@
 """The gRPC listener: `duplex.v1.Duplex` (duplex/transports/grpc_stream.py), standard health and
-reflection."""
+reflection. A message over ``max_message_bytes`` either way is refused by grpc itself
+(RESOURCE_EXHAUSTED); ``Converse`` takes its ``handshake_timeout_s`` and
+``slow_reader_timeout_s`` from the config."""
 
 from __future__ import annotations
 
@@ -66,7 +68,7 @@ class GrpcListener:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         services = [health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME]
         if sessions is not None:
-            converse = DuplexService(sessions, first_message_timeout_s=config.session_idle_timeout_s)
+            converse = DuplexService(sessions, config.handshake_timeout_s, config.slow_reader_timeout_s)
             duplex_pb2_grpc.add_DuplexServicer_to_server(converse, self.server)
             services.append(duplex_pb2.DESCRIPTOR.services_by_name["Duplex"].full_name)
         reflection.enable_server_reflection(services, self.server)

@@ -1,14 +1,27 @@
 """`Duplex.Converse` (proto/duplex.proto): one gRPC stream, one session.
 
     ClientEvent stream ─► _read: config check, audio decode, acks, text, cancel ─► Session
-    Session ─► OutputStage(GrpcWire) ─► Outbox (bounded) ─► Converse yields ServerEvents
+    Session ─► OutputStage(GrpcWire) ─► Outbox (bounded) ─► writer task ─► context.write
 
 The first message must be a `SessionConfig`; problems with the stream itself end it
 with a status (INVALID_ARGUMENT, RESOURCE_EXHAUSTED, UNAVAILABLE, DEADLINE_EXCEEDED),
-problems with one message are `Error` events. A client that stops reading gets its
-audio dropped (counted in ``duplex_grpc_audio_dropped_total``), never unbounded memory;
-one that stops reading events altogether is ended. A client that half-closes gets the
-rest of its turn (the reply plays out), then the stream ends with OK.
+problems with one message are `Error` events. Bytes that are not a `ClientEvent` (not
+protobuf, or a string field that is not UTF-8: protobuf refuses to parse both) end the
+stream with INVALID_ARGUMENT; a message over ``max_message_bytes`` is refused by grpc
+itself with RESOURCE_EXHAUSTED.
+
+A stream holds one of ``max_sessions`` from its start (`Sessions.hold`), and one that
+has sent no `SessionConfig` within ``handshake_timeout_s`` ends with DEADLINE_EXCEEDED.
+A client that reads slowly gets its audio dropped (counted in
+``duplex_grpc_audio_dropped_total``), never unbounded memory. One that stops reading
+fills its HTTP/2 flow-control window (64 KiB, or up to megabytes where the client's
+BDP probing has grown it), then the writer blocks; once nothing has been taken for
+``slow_reader_timeout_s`` the session is closed and the call ends with
+RESOURCE_EXHAUSTED ``slow_reader``. HTTP/2 sends that status after the messages the
+client has not read, so it gets it if it reads again; the handler waits at most
+``slow_reader_timeout_s`` more for it to go, then returns (grpc keeps only the call
+until the client cancels or disconnects). A client that half-closes gets the rest of
+its turn (the reply plays out), then the stream ends with OK.
 """
 
 from __future__ import annotations
@@ -21,6 +34,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 from prometheus_client import Counter
 
 from audio_io._proto import duplex_pb2 as pb
@@ -43,6 +57,7 @@ MAX_QUEUED_AUDIO = 250  # 5 s of 20 ms chunks waiting for the client to read
 MAX_QUEUED_EVENTS = 2000  # more unread events than this: the client is not reading at all
 QUIET_AFTER_HALF_CLOSE_S = 1.5  # after the client half-closes, this long with nothing to say ends it
 API_VERSION = 1
+MALFORMED = "a malformed ClientEvent (not protobuf, or a string that is not UTF-8)"
 
 _TURN = {
     ev.SPEECH_STARTED: pb.TurnEvent.SPEECH_STARTED,
@@ -127,51 +142,81 @@ def half_closed(reader: asyncio.Task[None]) -> bool:
 
 
 class DuplexService(pb_grpc.DuplexServicer):
-    def __init__(self, sessions: Sessions, first_message_timeout_s: float) -> None:
+    def __init__(self, sessions: Sessions, handshake_timeout_s: float, slow_reader_timeout_s: float) -> None:
         self.sessions = sessions
-        self.first_message_timeout_s = first_message_timeout_s
+        self.handshake_timeout_s = handshake_timeout_s
+        self.slow_reader_timeout_s = slow_reader_timeout_s
 
     async def Converse(
         self, request_iterator: AsyncIterator[pb.ClientEvent], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.ServerEvent]:
+    ) -> None:
+        """Written with ``context.write`` from a task of its own (not by yielding), so that
+        a write blocked on a client that reads nothing can be given up, and the call
+        still ended with a status."""
         requests = aiter(request_iterator)
         try:
-            config, wire_in, output, voice = await self._configure(requests)
-            wire, stage, session = await self._open(config, output, voice)
+            with self.sessions.hold():  # from the first byte on: streams that never configure count
+                config, wire_in, output, voice = await self._configure(requests)
+                wire, stage, session = await self._open(config, output, voice)
+        except SessionError as e:
+            await context.abort(*_refused(e))
         except StreamEnd as e:
             await context.abort(e.code, str(e))
-            return
-        output = wire.output
-        stream = _Stream(session, wire_in, output, stage.outbox)
-        link = Link(session, lambda: self.sessions.close(session), stream.wake, stage.close)
+        stream = _Stream(session, wire_in, wire.output, stage.outbox)
+        wait_s = self.slow_reader_timeout_s
+
+        async def close_connection() -> None:
+            # the session is over: the writer sends what is left and ends; one blocked
+            # on a client that reads nothing is given up (at once if that is why)
+            await stream.wake()
+            asyncio.get_running_loop().call_later(0.0 if link.stalled else wait_s, writer.cancel)
+
+        link = Link(session, lambda: self.sessions.close(session), close_connection, stage.close)
+        link.watch_reader(stage.outbox, wait_s)
         reader = link.own(stream.read(requests), "grpc-read")
+        started = pb.SessionStarted(
+            session_id=session.id,
+            input_format=wire_in.message(),
+            output_format=wire.output.message(),
+            voice=session.voice.name,
+            api_version=API_VERSION,
+        )
+        writer = asyncio.create_task(stream.write(context, started, reader), name=f"{session.id}-grpc-write")
         try:
-            started = pb.SessionStarted(
-                session_id=session.id,
-                input_format=wire_in.message(),
-                output_format=output.message(),
-                voice=session.voice.name,
-                api_version=API_VERSION,
-            )
-            yield pb.ServerEvent(started=started)
-            async for message in stream.messages(reader):
-                yield message
+            await asyncio.wait([writer])
         finally:
+            writer.cancel()  # if this call itself was cancelled (the client went away)
             await link.close()
-        if stream.end is not None:
-            await context.abort(stream.end.code, str(stream.end))
+        if writer.cancelled():
+            end: StreamEnd | None = StreamEnd(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, f"slow_reader: the client read nothing for {wait_s:g} s"
+            )
+        elif (error := writer.exception()) is not None:
+            raise error  # grpc's own (the server stopping, ...), for grpc to handle
+        else:
+            end = stream.end
+        if end is not None:
+            # the status goes out after all the client has not read: it is sent, but a
+            # client that reads nothing is not waited for (it gets it if it reads again)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(context.abort(end.code, str(end)), wait_s)
 
     async def _configure(
         self, requests: AsyncIterator[pb.ClientEvent]
     ) -> tuple[SessionConfig, WireFormat, WireFormat | None, str]:
+        timeout = self.handshake_timeout_s
         try:
-            first = await asyncio.wait_for(anext(requests), self.first_message_timeout_s)
+            first = await asyncio.wait_for(anext(requests), timeout)
         except StopAsyncIteration:
             raise StreamEnd(
                 grpc.StatusCode.INVALID_ARGUMENT, "the stream ended before a SessionConfig"
             ) from None
         except TimeoutError:
-            raise StreamEnd(grpc.StatusCode.DEADLINE_EXCEEDED, "no SessionConfig in time") from None
+            raise StreamEnd(
+                grpc.StatusCode.DEADLINE_EXCEEDED, f"no SessionConfig within {timeout:g} s"
+            ) from None
+        except DecodeError:
+            raise StreamEnd(grpc.StatusCode.INVALID_ARGUMENT, MALFORMED) from None
         if first.WhichOneof("event") != "config":
             raise StreamEnd(grpc.StatusCode.INVALID_ARGUMENT, "the first message must be a SessionConfig")
         message = first.config
@@ -203,20 +248,24 @@ class DuplexService(pb_grpc.DuplexServicer):
     async def _open(
         self, config: SessionConfig, output: WireFormat | None, voice: str
     ) -> tuple[GrpcWire, OutputStage[pb.ServerEvent], SessionPort]:
-        try:
-            ours = self.sessions.check_room()
-            if voice and voice != ours.name:
-                message = f"unknown voice {voice!r} (this server has {ours.name!r})"
-                raise StreamEnd(grpc.StatusCode.INVALID_ARGUMENT, message)
-            wire = GrpcWire(output or WireFormat(pb.PCM16, ours.sample_rate))
-            outbox = Outbox[pb.ServerEvent](MAX_QUEUED_AUDIO, MAX_QUEUED_EVENTS, AUDIO_DROPPED.inc)
-            stage = OutputStage(wire, outbox)
-            return wire, stage, await self.sessions.open(stage, config)
-        except SessionError as e:
-            code = (
-                grpc.StatusCode.UNAVAILABLE if e.code == "not_ready" else grpc.StatusCode.RESOURCE_EXHAUSTED
-            )
-            raise StreamEnd(code, str(e)) from None
+        ours = self.sessions.check_room(holding=True)
+        if voice and voice != ours.name:
+            message = f"unknown voice {voice!r} (this server has {ours.name!r})"
+            raise StreamEnd(grpc.StatusCode.INVALID_ARGUMENT, message)
+        wire = GrpcWire(output or WireFormat(pb.PCM16, ours.sample_rate))
+        outbox = Outbox[pb.ServerEvent](MAX_QUEUED_AUDIO, MAX_QUEUED_EVENTS, AUDIO_DROPPED.inc)
+        stage = OutputStage(wire, outbox)
+        return wire, stage, await self.sessions.open(stage, config, holding=True)
+
+
+def _refused(error: SessionError) -> tuple[grpc.StatusCode, str]:
+    """The status of a stream refused a session: no room, or no models (yet)."""
+    code = (
+        grpc.StatusCode.RESOURCE_EXHAUSTED
+        if error.code == "too_many_sessions"
+        else grpc.StatusCode.UNAVAILABLE
+    )
+    return code, f"{error.code}: {error}"
 
 
 class _Stream:
@@ -235,6 +284,12 @@ class _Stream:
 
     async def read(self, requests: AsyncIterator[pb.ClientEvent]) -> None:
         """Until the client half-closes (returns) or sends what ends the stream."""
+        try:
+            await self._read(requests)
+        except DecodeError:  # grpc hands on the deserializer's error
+            self._fail(grpc.StatusCode.INVALID_ARGUMENT, MALFORMED)
+
+    async def _read(self, requests: AsyncIterator[pb.ClientEvent]) -> None:
         session = self.session
         async for request in requests:
             kind = request.WhichOneof("event")
@@ -262,6 +317,14 @@ class _Stream:
     def _fail(self, code: grpc.StatusCode, message: str) -> None:
         self.end = StreamEnd(code, message)
         self.outbox.ready.set()
+
+    async def write(
+        self, context: grpc.aio.ServicerContext, started: pb.SessionStarted, reader: asyncio.Task[None]
+    ) -> None:
+        """The writer: ``started``, then the outbox's messages while the stream lasts."""
+        await context.write(pb.ServerEvent(started=started))
+        async for message in self.messages(reader):
+            await context.write(message)
 
     async def wake(self) -> None:
         """The session ended: `messages` sees it now, not at its next poll."""

@@ -7,23 +7,41 @@
 
 `close` is idempotent and shielded: aiohttp cancels a handler when its client drops
 the connection, and the session must close all the same. Every task of the
-connection is handed to the link (`own`), so none outlives it.
+connection is handed to the link (`own`), so none outlives it. `watch_reader` ends a
+link whose client stops reading (its outbox stalls), so that it holds neither a
+session nor memory for long.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol, TypeVar
 
-from aiohttp import WSCloseCode, web
+from aiohttp import WSCloseCode, WSMsgType, web
 
 from audio_io.outbox import Outbox
+from duplex.events import SessionError
 from duplex.transports.output import OutputStage
 from duplex.transports.port import SessionPort
 
 log = logging.getLogger("duplex.transports")
+
+SLICE_S = 0.005  # a writer yields to the event loop at least this often
+CLOSE_TIMEOUT_S = 2.0  # for a WebSocket client to take our close frame, then the socket is aborted
+
+
+class Backlog(Protocol):
+    """What waits to go out to a client (an `Outbox`, a WebRTC data channel's buffer)."""
+
+    overflowed: bool  # something was dropped for lack of room
+
+    def stalled_s(self) -> float:
+        """Seconds things have waited with none taken (0 when nothing waits)."""
+        ...
 
 
 class Link:
@@ -41,6 +59,8 @@ class Link:
         self._tasks: list[asyncio.Task[None]] = []
         self._closing: asyncio.Future[None] | None = None
         self.ended_by_session = False  # the session ended first (idle timeout, shutdown)
+        self.stalled = False  # ended by `watch_reader`: the client stopped reading
+        self.close_with: tuple[int, bytes] | None = None  # the close code and reason, if not 1000
         self.closed = asyncio.Event()
         self.own(self._watch(), "link")
 
@@ -50,6 +70,21 @@ class Link:
         task.add_done_callback(self._failed)
         self._tasks.append(task)
         return task
+
+    def watch_reader(self, backlog: Backlog, timeout_s: float) -> None:
+        """Close the link, with a ``slow_reader`` error, once ``backlog`` has waited
+        ``timeout_s`` with nothing taken, or dropped what it could not hold: a client
+        that stopped reading. Checked about 4 times per ``timeout_s``."""
+        self.own(self._watch_reader(backlog, timeout_s), "reader-watch")
+
+    async def _watch_reader(self, backlog: Backlog, timeout_s: float) -> None:
+        while backlog.stalled_s() <= timeout_s and not backlog.overflowed:  # noqa: ASYNC110 (polled: time passing is the event)
+            await asyncio.sleep(min(1.0, timeout_s / 4))
+        why = "its backlog overflowed" if backlog.overflowed else f"it read nothing for {timeout_s:g} s"
+        log.info("%s: the client is not reading (%s); closed", self.session.id, why)
+        self.stalled = True
+        self.session.send_error(SessionError("slow_reader", f"the client is not reading: {why}"))
+        await self.close()
 
     async def close(self) -> None:
         """End both sides (idempotent; every caller waits for the one close to finish)."""
@@ -84,16 +119,36 @@ class _Sessions(Protocol):
 
 
 def websocket_link(
-    sessions: _Sessions, session: SessionPort, stage: OutputStage[Any], ws: web.WebSocketResponse
+    sessions: _Sessions,
+    session: SessionPort,
+    stage: OutputStage[Any],
+    ws: web.WebSocketResponse,
+    transport: asyncio.Transport | None,
 ) -> Link:
-    """The link of a session on a WebSocket (Twilio Media Streams, the Realtime API):
-    a session that ends first closes the socket with 1001."""
+    """The link of a session on a WebSocket (the Realtime API).
+
+    Its close always ends soon and never reads: the close frame goes out (1001 when the
+    session ended first, else `Link.close_with` or 1000), waiting at most
+    `CLOSE_TIMEOUT_S` for the client to take it (not at all for a client found not
+    reading), then the socket is aborted. aiohttp's own close would read on until the
+    client's close frame: a client that reads nothing would hold it, and the socket,
+    forever, and a fast client's backlog is drained without yielding (0.4-0.5 s of the
+    loop, measured)."""
 
     async def close_socket() -> None:
-        if link.ended_by_session:
-            await ws.close(code=WSCloseCode.GOING_AWAY, message=b"session ended")
-        else:
-            await ws.close()
+        if not link.stalled and not ws.closed:
+            code, reason = link.close_with or (WSCloseCode.OK, b"")
+            if link.ended_by_session:
+                code, reason = WSCloseCode.GOING_AWAY, b"session ended"
+            try:
+                async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                    await ws.send_frame(int(code).to_bytes(2, "big") + reason, WSMsgType.CLOSE)
+                    while transport is not None and transport.get_write_buffer_size():  # noqa: ASYNC110 (no event for it)
+                        await asyncio.sleep(0.01)
+            except (TimeoutError, ConnectionError):
+                pass
+        if transport is not None:
+            transport.abort()
 
     link = Link(session, lambda: sessions.close(session), close_socket, stage.close)
     return link
@@ -103,6 +158,16 @@ T = TypeVar("T")
 
 
 async def send_all(outbox: Outbox[T], send: Callable[[T], Awaitable[None]]) -> None:
-    """A writer task: the outbox's messages to the connection, in order, as they come."""
-    while True:
-        await send(await outbox.get())
+    """A writer task: the outbox's messages to the connection, in order, as they come.
+
+    It yields to the loop every `SLICE_S` (a backlog of reply audio, each message
+    compressed as it goes, would otherwise go out in one step: 88 ms of the loop,
+    measured on the Realtime API). A client that vanishes while it is sent to is a
+    normal end: its reader sees the connection end too, and the link closes."""
+    slice_end = time.monotonic() + SLICE_S
+    with contextlib.suppress(ConnectionError):
+        while True:
+            await send(await outbox.get())
+            if time.monotonic() > slice_end:
+                await asyncio.sleep(0)
+                slice_end = time.monotonic() + SLICE_S

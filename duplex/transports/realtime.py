@@ -2,7 +2,7 @@
 client written for it can talk to this server (base URL on our host, any key unless
 ``auth_token`` is set).
 
-    client events ─► checked (`RealtimeError` ─► ``error``, the socket stays open)
+    client events ─► paced (`Pace`) ─► checked (`RealtimeError` ─► ``error``, the socket stays open)
         input_audio_buffer.append ─► decode (pcm 24 kHz / pcmu / pcma) ─► Session
         conversation.item.create (text), commit ─► Session.add_turn; response.create ─► Session.respond
         conversation.item.truncate ─► Session.truncate (clamped to what was sent)
@@ -12,19 +12,51 @@ client written for it can talk to this server (base URL on our host, any key unl
 The runtime's events already carry the Realtime names; this module adds what the
 protocol wraps around them: item and response objects, content parts, base64 audio in
 the session's output format.
+
+What one client may cost, and what it is told past that (every other session goes on):
+
+- A frame over ``max_message_bytes`` (1 MiB by default: 16 s of 24 kHz PCM in one
+  append) is refused by the WebSocket itself from its header, before any of it is
+  buffered: close 1009. Longer recordings go in several appends, or the operator raises
+  ``max_message_bytes``; an event longer than the protocol's 15 MB append needs is then
+  refused from its length alone, before JSON decoding (``audio_too_large`` for an
+  append, else ``event_too_large``). aiohttp unmasks and decodes a frame in one go, ~1-2
+  ms of the loop per MiB here: the limit bounds that too. An append over ~1 s of audio
+  is decoded and resampled off the event loop. Text that is not UTF-8: close 1007.
+- Events are read at most `EVENT_RATE` a second (each 16 KiB of an event counts as one
+  more), `EVENT_BURST` at once: a client streaming 20 ms appends sends 50. Faster, the
+  reader waits (TCP holds the rest: nothing is lost, nothing piles up here); a client
+  still over the rate after `PATIENCE_S` of waiting is closed with 1008
+  ``rate_limited``. The reader yields to the loop every `SLICE_S` even when its
+  messages are already buffered.
+- Bounded state: `MAX_ITEMS` conversation items and responses are remembered (older
+  ones can no longer be truncated); user input waiting for ``response.create`` is at
+  most `MAX_UNANSWERED` messages and `MAX_UNANSWERED_CHARS` characters
+  (``unanswered_input_limit``); one reply at a time (``response.create`` during a reply
+  cuts it as heard); manual-turn audio until commit, `MAX_BUFFER_S`
+  (``input_audio_buffer_full``); events queued for the client, `MAX_QUEUED`.
+- A client that reads nothing for ``slow_reader_timeout_s`` (its socket's buffers full)
+  is closed, its socket aborted: a close frame would wait behind all it did not read.
+- Bad JSON (truncated, not an object, nested past Python's recursion limit):
+  ``invalid_json`` / ``invalid_event``; a binary frame: ``invalid_event``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import collections
 import itertools
 import json
 import logging
+import re
+import time
 from typing import Any
 
 import numpy as np
 from aiohttp import WSCloseCode, WSMsgType, web
+from prometheus_client import Counter
 
 from audio_io.frame import AudioFrame, Int16Array
 from audio_io.g711 import decode_wire, encode_wire
@@ -35,19 +67,35 @@ from duplex.config import Config
 from duplex.events import Event, SessionError
 from duplex.session_config import MAX_SYSTEM_PROMPT, SessionConfig
 from duplex.sessions import Sessions
-from duplex.transports.link import send_all, websocket_link
+from duplex.transports.link import CLOSE_TIMEOUT_S, SLICE_S, Link, send_all, websocket_link
 from duplex.transports.output import Cursor, OutputStage
 from duplex.transports.port import SessionPort
-from duplex.transports.realtime_config import FORMATS, RealtimeError, RealtimeSessionConfig
+from duplex.transports.realtime_config import FORMATS, RealtimeError, RealtimeSessionConfig, shown
 
 log = logging.getLogger("duplex.realtime")
 
 PATH = "/v1/realtime"
-MAX_EVENT_BYTES = 24 * 1024 * 1024  # an append over 15 MB must reach us whole, to be refused with an error
-MAX_APPEND_BYTES = 15 * 1024 * 1024
+MAX_APPEND_BYTES = 15 * 1024 * 1024  # the protocol's bound on one append's audio
+MAX_APPEND_CHARS = 4 * -(-MAX_APPEND_BYTES // 3)  # ... as base64
+MAX_EVENT_CHARS = MAX_APPEND_CHARS + 1024  # ... in its event (type, event_id): no valid event is longer
+THREAD_APPEND_CHARS = 64 * 1024  # an append longer (~1 s of audio) decodes off the loop: ~20 ms per MiB
 RUNTIME_INPUT_RATE = 16000
 MAX_QUEUED = 2000  # events waiting for a client that does not read
 MAX_BUFFER_S = 300  # manual turns: input audio held until commit
+MAX_ITEMS = 1000  # conversation items (and responses) remembered, for truncate and previous_item_id
+MAX_UNANSWERED = 16  # user messages waiting for response.create...
+MAX_UNANSWERED_CHARS = 8000  # ... and their characters (one message may have 4000)
+MAX_ITEM_ID = 64  # characters of a client's item id
+EVENT_RATE = 2000.0  # client events a second, sustained: 40x a client streaming 20 ms appends
+EVENT_BURST = 2000.0  # ... at once (40 s of 20 ms appends, sent after a network stall)
+EVENT_BYTES = 16 * 1024  # each 16 KiB of an event counts as one more event
+# a client over the rate this long is closed (7 min of audio uploaded in 20 ms appends is not)
+PATIENCE_S = 10.0
+
+EVENTS = Counter("duplex_realtime_events_total", "client events read on /v1/realtime")
+RATE_LIMITED = Counter("duplex_realtime_rate_limited_total", "Realtime clients closed for sending too fast")
+# an oversized event's type, read without decoding it: clients (the openai SDK) write it first
+_TYPE_AT_START = re.compile(r'\s*\{\s*"type"\s*:\s*"([\w.]{1,64})"')
 
 
 LAWS = {"audio/pcmu": "ulaw", "audio/pcma": "alaw", "audio/pcm": None}  # for decode_wire
@@ -58,6 +106,52 @@ def _decode(audio: bytes, kind: str) -> Int16Array:
         return decode_wire(audio, LAWS[kind])
     except ValueError:
         raise RealtimeError("PCM16 audio must be whole 16-bit samples.", param="audio") from None
+
+
+def _parse(raw: str) -> dict[str, Any]:
+    """A client event, refused before decoding when no valid event is that long."""
+    if len(raw) > MAX_EVENT_CHARS:
+        head = _TYPE_AT_START.match(raw[:200])
+        if head is not None and head.group(1) == "input_audio_buffer.append":
+            raise RealtimeError(f"'audio' is over {MAX_APPEND_BYTES} bytes.", "audio_too_large", "audio")
+        raise RealtimeError(f"The event is over {MAX_EVENT_CHARS} characters.", "event_too_large")
+    try:
+        message = json.loads(raw)
+    except ValueError:
+        raise RealtimeError("The event is not valid JSON.", "invalid_json") from None
+    except RecursionError:  # arrays or objects nested about 1000 deep
+        raise RealtimeError("The event's JSON is nested too deeply.", "invalid_json") from None
+    if not isinstance(message, dict):
+        raise RealtimeError("An event is a JSON object.", "invalid_event")
+    return message
+
+
+class Pace:
+    """A token bucket for one client's events: how long its reader waits before the
+    next one. ``rate`` tokens a second, at most ``burst`` saved; an event costs its
+    tokens (the bucket may go below zero, and that debt is the wait). `over_s` says how
+    long the client has been over the rate: since an event first had to wait, unless
+    the bucket refilled to half in between (not merely by a reader that overslept)."""
+
+    def __init__(self, rate: float, burst: float, now: float) -> None:
+        self.rate, self.burst = rate, burst
+        self.tokens = burst
+        self.at = now
+        self.over_since: float | None = None
+
+    def wait_s(self, cost: float, now: float) -> float:
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate) - cost
+        self.at = now
+        if self.tokens >= self.burst / 2:
+            self.over_since = None
+        if self.tokens >= 0:
+            return 0.0
+        if self.over_since is None:
+            self.over_since = now
+        return -self.tokens / self.rate
+
+    def over_s(self, now: float) -> float:
+        return 0.0 if self.over_since is None else now - self.over_since
 
 
 def _user_message(item_id: str, part: dict[str, Any]) -> dict[str, Any]:
@@ -77,8 +171,8 @@ class RealtimeWire:
 
     def __init__(self, connection: RealtimeConnection) -> None:
         self.connection = connection
-        self._transcripts: dict[str, str] = {}  # response id -> text so far
-        self._partial: dict[str, str] = {}  # user item id -> transcript deltas sent
+        self._transcripts: dict[str, str] = {}  # response id -> text so far (one reply at a time)
+        self._partial = ("", "")  # the user item being transcribed, and its transcript deltas sent
 
     @property
     def rate(self) -> int:
@@ -108,7 +202,8 @@ class RealtimeWire:
             c.send("input_audio_buffer.speech_stopped", audio_end_ms=d["audio_end_ms"], item_id=d["item_id"])
             c.user_item(d["item_id"], committed=True)
         elif event.type == ev.TRANSCRIPT_DELTA:
-            sent = self._partial.get(d["item_id"], "")
+            item, sent = self._partial
+            sent = sent if item == d["item_id"] else ""  # user turns come one after another
             if d["delta"].startswith(sent) and len(d["delta"]) > len(sent):  # deltas only append
                 c.send(
                     "conversation.item.input_audio_transcription.delta",
@@ -116,8 +211,9 @@ class RealtimeWire:
                     content_index=0,
                     delta=d["delta"][len(sent) :],
                 )
-                self._partial[d["item_id"]] = d["delta"]
+                self._partial = (d["item_id"], d["delta"])
         elif event.type == ev.TRANSCRIPT_DONE:
+            self._partial = ("", "")
             c.user_item(d["item_id"], committed=True)
             c.send(
                 "conversation.item.input_audio_transcription.completed",
@@ -161,12 +257,17 @@ class RealtimeConnection:
         self.config = config
         self.session: SessionPort | None = None
         self.outbox: Outbox[str] = Outbox(max_control=MAX_QUEUED)  # a client that reads nothing gets no more
+        # the latest MAX_ITEMS items and responses, for truncate and previous_item_id
         self._items: dict[str, dict[str, Any]] = {}  # by item id, as the client sees them
-        self._order: list[str] = []
-        self._responses: dict[str, str] = {}  # response id -> its item id
+        self._order: collections.deque[str] = collections.deque()
+        self._responses: dict[str, str] = {}  # response id -> its item id, oldest first
         self._resampler = Resampler(24000, RUNTIME_INPUT_RATE)
         self._buffer: list[Int16Array] = []  # manual turns: audio appended since the last commit
         self._buffered = 0
+        # user input given to the session since the last response.create (an upper bound:
+        # a turn the session answered by itself is still counted until then)
+        self._unanswered = 0
+        self._unanswered_chars = 0
         self._text_items = itertools.count()
 
     # -- sending --
@@ -186,6 +287,8 @@ class RealtimeConnection:
         previous = self._order[-1] if self._order else None
         self._items[item["id"]] = item
         self._order.append(item["id"])
+        while len(self._order) > MAX_ITEMS:
+            del self._items[self._order.popleft()]
         self.send("conversation.item.added", previous_item_id=previous, item=item)
 
     def user_item(self, item_id: str, committed: bool) -> None:
@@ -232,6 +335,8 @@ class RealtimeConnection:
 
     def response_created(self, response_id: str, item_id: str) -> None:
         self._responses[response_id] = item_id
+        while len(self._responses) > MAX_ITEMS:
+            del self._responses[next(iter(self._responses))]
         self.send("response.created", response=self._response(response_id, "in_progress", []))
         item = {
             "id": item_id,
@@ -271,18 +376,13 @@ class RealtimeConnection:
     async def handle(self, raw: str) -> None:
         event_id: str | None = None
         try:
-            try:
-                message = json.loads(raw)
-            except ValueError:
-                raise RealtimeError("The event is not valid JSON.", "invalid_json") from None
-            if not isinstance(message, dict):
-                raise RealtimeError("An event is a JSON object.", "invalid_event")
+            message = _parse(raw)
             event_id = message.get("event_id") if isinstance(message.get("event_id"), str) else None
             kind = message.get("type")
             handler = HANDLERS.get(kind) if isinstance(kind, str) else None
             if handler is None:
                 raise RealtimeError(
-                    f"Invalid value: {str(kind)[:60]!r}. Unknown event type.", "invalid_value", "type"
+                    f"Invalid value: {shown(kind)}. Unknown event type.", "invalid_value", "type"
                 )
             await handler(self, message)
         except RealtimeError as e:
@@ -327,19 +427,19 @@ class RealtimeConnection:
         audio = message.get("audio")
         if not isinstance(audio, str):
             raise RealtimeError("Missing required parameter: 'audio'.", "missing_required_parameter", "audio")
-        if len(audio) > MAX_APPEND_BYTES * 4 // 3 + 4:
+        if len(audio) > MAX_APPEND_CHARS:
             raise RealtimeError(f"'audio' is over {MAX_APPEND_BYTES} bytes.", "audio_too_large", "audio")
-        try:
-            data = base64.b64decode(audio, validate=True)
-        except (binascii.Error, ValueError):
-            raise RealtimeError("'audio' is not valid base64.", "invalid_base64", "audio") from None
-        kind = self.config.input_format["type"]
-        samples = _decode(data, kind)
-        rate = FORMATS[kind]
-        if self._resampler.in_rate != rate:
-            self._resampler = Resampler(rate, RUNTIME_INPUT_RATE)
         assert self.session is not None
-        pcm = self._resampler.process(samples)
+        if not audio:  # nothing to decode or to hear: a flood of these costs little
+            self.session.touch()
+            return
+        kind = self.config.input_format["type"]
+        if self._resampler.in_rate != FORMATS[kind]:
+            self._resampler = Resampler(FORMATS[kind], RUNTIME_INPUT_RATE)
+        if len(audio) > THREAD_APPEND_CHARS:  # handled one at a time: the resampler is this event's alone
+            pcm = await asyncio.to_thread(self._pcm, audio, kind)
+        else:
+            pcm = self._pcm(audio, kind)
         if self.config.turn_detection is not None:
             self.session.push_audio(AudioFrame(pcm, RUNTIME_INPUT_RATE))
             return
@@ -352,6 +452,29 @@ class RealtimeConnection:
             )
         self._buffer.append(pcm)
         self._buffered += pcm.size
+
+    def _pcm(self, audio: str, kind: str) -> Int16Array:
+        """An append's audio at the runtime's rate."""
+        try:
+            data = base64.b64decode(audio, validate=True)
+        except (binascii.Error, ValueError):
+            raise RealtimeError("'audio' is not valid base64.", "invalid_base64", "audio") from None
+        return self._resampler.process(_decode(data, kind))
+
+    def _check_unanswered(self, chars: int, param: str | None) -> None:
+        if self._unanswered >= MAX_UNANSWERED or self._unanswered_chars + chars > MAX_UNANSWERED_CHARS:
+            raise RealtimeError(
+                f"At most {MAX_UNANSWERED} user messages ({MAX_UNANSWERED_CHARS} characters) may wait "
+                "for an answer: send response.create first.",
+                "unanswered_input_limit",
+                param,
+            )
+
+    def _add_turn(self, text: str) -> None:
+        assert self.session is not None
+        self.session.add_turn(text)
+        self._unanswered += 1
+        self._unanswered_chars += len(text)
 
     async def _item_create(self, message: dict[str, Any]) -> None:
         item = message.get("item")
@@ -374,17 +497,27 @@ class RealtimeConnection:
                 "The message is over 4000 characters.", "string_above_max_length", "item.content"
             )
         given = item.get("id")
+        if isinstance(given, str) and len(given) > MAX_ITEM_ID:
+            raise RealtimeError(
+                f"An item id has at most {MAX_ITEM_ID} characters.", "string_above_max_length", "item.id"
+            )
         item_id = given if isinstance(given, str) else f"item_text_{next(self._text_items)}"
         if item_id in self._items:
             raise RealtimeError(f"Item '{item_id}' already exists.", "duplicate_item_id", "item.id")
-        assert self.session is not None
-        self.session.add_turn(text)
+        self._check_unanswered(len(text), "item")
+        self._add_turn(text)
         self._add_item(_user_message(item_id, {"type": "input_text", "text": text}))
         self.send("conversation.item.done", previous_item_id=None, item=self._items[item_id])
 
     async def _response_create(self, message: dict[str, Any]) -> None:
         assert self.session is not None
-        await self.session.respond()
+        try:
+            await self.session.respond()
+        except SessionError as e:
+            if e.code == "no_input":  # nothing was waiting after all (the session answered it)
+                self._unanswered = self._unanswered_chars = 0
+            raise
+        self._unanswered = self._unanswered_chars = 0  # all of it is answered now
 
     async def _response_cancel(self, message: dict[str, Any]) -> None:
         assert self.session is not None
@@ -427,6 +560,7 @@ class RealtimeConnection:
                 "Error committing input audio buffer: buffer too small. Expected at least 100ms of audio.",
                 "input_audio_buffer_commit_empty",
             )
+        self._check_unanswered(0, None)
         audio, self._buffer, self._buffered = np.concatenate(self._buffer), [], 0
         item_id = f"item_audio_{next(self._text_items)}"
         self.user_item(item_id, committed=True)
@@ -441,7 +575,7 @@ class RealtimeConnection:
         )
         self.item_done(item_id, "user", [{"type": "input_audio", "transcript": transcript}])
         if transcript.strip():
-            self.session.add_turn(transcript)
+            self._add_turn(transcript)
 
 
 HANDLERS = {
@@ -465,40 +599,69 @@ class RealtimeEndpoint:
         app.router.add_get(PATH, self.connect)
 
     async def connect(self, request: web.Request) -> web.WebSocketResponse:
-        ws = web.WebSocketResponse(max_msg_size=MAX_EVENT_BYTES, heartbeat=None)
+        # the frame limit is checked from each frame's header, before its payload is read
+        ws = web.WebSocketResponse(
+            max_msg_size=self.config.max_message_bytes, heartbeat=None, timeout=CLOSE_TIMEOUT_S
+        )
         await ws.prepare(request)
         try:
             voice = self.sessions.check_room()
-        except SessionError as e:
-            await ws.send_str(
-                json.dumps(
-                    {
-                        "type": "error",
-                        "event_id": "event_0",
-                        "error": RealtimeError(str(e), e.code, kind="server_error").body(None),
-                    }
-                )
+            settings = RealtimeSessionConfig(
+                "", voice.name, self.config.system_prompt or "", MAX_SYSTEM_PROMPT
             )
+            connection = RealtimeConnection(ws, settings)
+            stage = OutputStage(RealtimeWire(connection), connection.outbox)
+            session = await self.sessions.open(stage, SessionConfig(input_rate=RUNTIME_INPUT_RATE))
+        except SessionError as e:
+            refused = RealtimeError(str(e), e.code, kind="server_error").body(None)
+            await ws.send_str(json.dumps({"type": "error", "event_id": "event_0", "error": refused}))
             await ws.close(code=WSCloseCode.TRY_AGAIN_LATER, message=e.code.encode())
             return ws
-        settings = RealtimeSessionConfig("", voice.name, self.config.system_prompt or "", MAX_SYSTEM_PROMPT)
-        connection = RealtimeConnection(ws, settings)
-        stage = OutputStage(RealtimeWire(connection), connection.outbox)
-        session = await self.sessions.open(stage, SessionConfig(input_rate=RUNTIME_INPUT_RATE))
         settings.id = session.id
         connection.session = session
         connection.apply_turn_detection()  # the API's defaults, as session.created shows them
         connection.send("session.created", session=settings.as_dict())
-        link = websocket_link(self.sessions, session, stage, ws)
+        link = websocket_link(self.sessions, session, stage, ws, request.transport)
         link.own(send_all(connection.outbox, ws.send_str), "realtime-send")
+        link.watch_reader(connection.outbox, self.config.slow_reader_timeout_s)
         try:
-            async for msg in ws:
-                if msg.type == WSMsgType.TEXT:
-                    await connection.handle(msg.data)
-                elif msg.type == WSMsgType.BINARY:
-                    connection.error(RealtimeError("Events are JSON text frames.", "invalid_event"), None)
-                elif msg.type == WSMsgType.ERROR:
-                    break
+            await self._read(ws, connection, link)
         finally:
             await link.close()
         return ws
+
+    async def _read(self, ws: web.WebSocketResponse, connection: RealtimeConnection, link: Link) -> None:
+        """The client's events, paced (`Pace`), each handled before the next is read. The
+        reader yields to the loop between slices: messages already buffered are read
+        without a suspension, so a fast client would otherwise hold the loop."""
+        session = connection.session
+        assert session is not None
+        pace = Pace(EVENT_RATE, EVENT_BURST, time.monotonic())
+        slice_end = time.monotonic() + SLICE_S
+        async for msg in ws:
+            if msg.type == WSMsgType.ERROR:  # aiohttp has closed it with the code (1009, 1007, ...)
+                break
+            if msg.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
+                continue
+            EVENTS.inc()
+            now = time.monotonic()
+            wait = pace.wait_s(1 + len(msg.data) // EVENT_BYTES, now)
+            if pace.over_s(now) > PATIENCE_S:
+                log.info(
+                    "realtime %s: over %g events/s for %g s; closed",
+                    connection.config.id,
+                    EVENT_RATE,
+                    PATIENCE_S,
+                )
+                RATE_LIMITED.inc()
+                link.close_with = (WSCloseCode.POLICY_VIOLATION, b"rate_limited")
+                break
+            if wait > 0 or now > slice_end:
+                await asyncio.sleep(wait)  # sleep(0): one turn of the loop for everyone else
+                slice_end = time.monotonic() + SLICE_S
+                if session.closed.is_set():  # meanwhile (max_session_s, a slow reader): not one more event
+                    break
+            if msg.type == WSMsgType.TEXT:
+                await connection.handle(msg.data)
+            else:
+                connection.error(RealtimeError("Events are JSON text frames.", "invalid_event"), None)

@@ -13,18 +13,24 @@ reply play on while the caller speaks, and answers them after it);
 ``["audio"]``. Accepted and ignored (reported back as set): ``audio.input.transcription``
 (transcription always runs, with the server's model), ``noise_reduction``, ``speed``,
 ``tracing``, ``truncation``, ``include``, ``prompt``, ``model``, ``max_output_tokens``,
-``tool_choice``, and ``tools`` when empty. Refused with an ``invalid_request_error``:
-anything else, and values out of range.
+``tool_choice``, and ``tools`` when empty (each at most `MAX_ECHO_DEPTH` deep and
+`MAX_ECHO_CHARS` long as JSON: they are kept and sent back with every update). Refused
+with an ``invalid_request_error``: anything else, and values out of range. A client's
+value is quoted in an error only when it is a string, cut short.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 from dataclasses import dataclass
 from typing import Any
 
 FORMATS = {"audio/pcm": 24000, "audio/pcmu": 8000, "audio/pcma": 8000}
 IGNORED_KEYS = ("tracing", "truncation", "include", "prompt", "model", "max_output_tokens", "tool_choice")
+MAX_ECHO_DEPTH = 8  # nesting of an accepted-and-ignored value (the API's own go 4 deep)
+MAX_ECHO_CHARS = 16384  # ... and its length as JSON
+MAX_VOICE_NAME = 64
 
 
 class RealtimeError(Exception):
@@ -76,12 +82,37 @@ def _object(value: Any, param: str) -> dict[str, Any]:
     return value
 
 
+def shown(value: Any) -> str:
+    """A client's value in an error message: a string, cut short; anything else by its
+    type (the repr of a huge or deeply nested list is slow, or raises RecursionError)."""
+    return repr(value[:40]) if isinstance(value, str) else f"a JSON {type(value).__name__}"
+
+
+def _echo(value: Any, param: str) -> Any:
+    """An accepted-and-ignored value, kept to be sent back: small and shallow."""
+    level, depth = [value], 0
+    while level:  # breadth first, without recursion: a client may nest 1000 deep
+        depth += 1
+        if depth > MAX_ECHO_DEPTH:
+            raise RealtimeError(f"'{param}' is nested more than {MAX_ECHO_DEPTH} deep.", param=param)
+        level = [
+            child
+            for v in level
+            if isinstance(v, (dict, list))
+            for child in (v.values() if isinstance(v, dict) else v)
+            if isinstance(child, (dict, list))
+        ]
+    if len(json.dumps(value)) > MAX_ECHO_CHARS:
+        raise RealtimeError(f"'{param}' is over {MAX_ECHO_CHARS} characters as JSON.", param=param)
+    return value
+
+
 def _format(value: Any, param: str) -> dict[str, Any]:
     fmt = _object(value, param)
     kind = fmt.get("type")
     if not isinstance(kind, str) or kind not in FORMATS:  # a list or an object is unhashable
         raise RealtimeError(
-            f"Invalid value for '{param}.type': {str(kind)[:40]!r}; supported: {', '.join(FORMATS)}.",
+            f"Invalid value for '{param}.type': {shown(kind)}; supported: {', '.join(FORMATS)}.",
             param=f"{param}.type",
         )
     rate = fmt.get("rate", FORMATS[kind])
@@ -173,7 +204,7 @@ class RealtimeSessionConfig:
                 if value not in ([], None):
                     raise RealtimeError("Tools are not supported.", "unsupported", "session.tools")
             elif key in IGNORED_KEYS:
-                staged.echoed[key] = value
+                staged.echoed[key] = _echo(value, f"session.{key}")
             else:
                 raise RealtimeError(
                     f"Unknown parameter 'session.{key}'.", "unknown_parameter", f"session.{key}"
@@ -191,7 +222,7 @@ class RealtimeSessionConfig:
             elif key == "turn_detection":
                 self.turn_detection = _turn_detection(value, self.turn_detection)
             elif key in ("transcription", "noise_reduction"):
-                self.echoed[f"input.{key}"] = value
+                self.echoed[f"input.{key}"] = _echo(value, f"session.audio.input.{key}")
             else:
                 raise RealtimeError(f"Unknown parameter 'session.audio.input.{key}'.", "unknown_parameter")
         out = _object(audio.get("output", {}), "session.audio.output")
@@ -200,9 +231,10 @@ class RealtimeSessionConfig:
                 self.output_format = _format(value, "session.audio.output.format")
             elif key == "voice":
                 name = value.get("id") if isinstance(value, dict) else value
-                if not isinstance(name, str) or not name:
+                if not isinstance(name, str) or not 0 < len(name) <= MAX_VOICE_NAME:
                     raise RealtimeError(
-                        "'session.audio.output.voice' must be a voice name.",
+                        f"'session.audio.output.voice' must be a voice name of at most "
+                        f"{MAX_VOICE_NAME} characters.",
                         param="session.audio.output.voice",
                     )
                 if self.audio_started and name != self.voice:
@@ -212,7 +244,7 @@ class RealtimeSessionConfig:
                     )
                 self.voice = name
             elif key == "speed":
-                self.echoed["output.speed"] = value
+                self.echoed["output.speed"] = _echo(value, "session.audio.output.speed")
             else:
                 raise RealtimeError(f"Unknown parameter 'session.audio.output.{key}'.", "unknown_parameter")
 

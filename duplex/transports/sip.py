@@ -1,20 +1,37 @@
 """The SIP/RTP listener (``--sip-port``): phone calls from a SIP phone, PBX or trunk,
 one session each.
 
-    INVITE (SDP offer) ─► allow-list, digest auth ─► 100 ─► codec (PCMU/PCMA, DTMF)
-        ─► RTP socket + Session ─► 200 (SDP answer), resent until the ACK
+    datagram ─► allow-list (before a byte is read) ─► parse
+    INVITE (SDP offer) ─► digest auth ─► room for one more unconfirmed call ─► 100
+        ─► codec (PCMU/PCMA, DTMF) ─► RTP socket + Session ─► 200 (SDP answer), resent until the ACK
+    ACK (or the caller's first RTP) ─► our RTP starts
     RTP in ─► the caller's source (latched), its payload type ─► JitterBuffer ─► G.711 ─► session
     session audio ─► 8 kHz G.711 ─► RtpSender (a packet every 20 ms: reply or silence)
-    BYE either way, CANCEL before the answer, the session's own end (idle timeout,
-    shutdown) ─► the call and the session end together
+    BYE either way, CANCEL before the ACK, no ACK in time, the session's own end (idle
+    timeout, shutdown) ─► the call and the session end together
 
 Responses follow RFC 3261 for a UAS over UDP: Vias copied (with ``received`` and
 ``rport``), a To tag per dialog, retransmitted requests answered with the same
-response. What is refused, and how: a source not on the allow-list 403, missing or
-wrong credentials 401 (with a challenge), a malformed request 400, a body that is not
-SDP 415, no common codec 488, no room 486 (503 while the models load), unknown methods
-501, requests outside a dialog 481. A datagram that cannot be answered is counted and
-dropped.
+response. What is refused, and how: a source not on the allow-list gets nothing at all
+(its datagrams are counted and dropped unread: no parsing, no reply), missing or wrong
+credentials 401 (with a challenge), a malformed request 400, a body that is not SDP
+415, no common codec 488, too many unconfirmed calls 503 (with Retry-After), no room
+486 (503 while the models load), unknown methods 501. A request with the Call-ID of a
+call (or of an INVITE being answered) belongs to it only if it has the dialog's tags
+(`sip.in_dialog`: the caller's From tag, our To tag) and comes from the address and
+port the INVITE came from; any other BYE, CANCEL or INVITE gets 481 and does not touch
+the call (an ACK: nothing), as do requests outside any dialog. A datagram that cannot
+be answered is counted and dropped.
+
+An INVITE flood that never ACKs holds bounded state: calls being answered or answered
+and not yet ACKed are at most `MAX_UNACKED` (8) in all and `MAX_UNACKED_PER_SOURCE`
+(2) per source address (beyond, 503 before any work: no session, no socket); each is
+sent no RTP, gets its 200 again after T1, 2*T1, ... (at most T2 apart), and without an
+ACK in 64*T1 (``ack_timeout_s``, 32 s) it ends as RFC 3261 13.3.1.4 says: our BYE, its
+session and RTP socket closed. The per-source cap also bounds what a spoofed source
+makes us send its victim (a few 200s and a BYE per call, two calls at a time); it
+bounds state, not availability: a flood from many addresses can keep the unconfirmed
+calls full, and digest auth (``sip_username``) is what keeps strangers out.
 
 Media goes to the caller's own address (where its SIP came from), never to another host
 its SDP names unless that host is on the allow-list: otherwise one INVITE would aim 50
@@ -57,7 +74,11 @@ log = logging.getLogger("duplex.sip")
 
 RATE = 8000
 FRAME = 160  # 20 ms
-T1, T2, ACK_TIMEOUT_S = 0.5, 4.0, 32.0  # RFC 3261 timers: 200 OK resent until the ACK
+T1, T2, ACK_TIMEOUT_S = 0.5, 4.0, 64 * 0.5  # RFC 3261 timers: 200 OK resent until the ACK
+# Calls being answered or answered and not yet ACKed, in all and from one address: an
+# honest caller ACKs within a round trip, so few are ever waiting; a flood that never
+# ACKs holds no more than this many sessions and sockets for ACK_TIMEOUT_S.
+MAX_UNACKED, MAX_UNACKED_PER_SOURCE = 8, 2
 ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS"
 
 BAD_SIP = Counter("duplex_sip_bad_messages_total", "SIP datagrams refused or dropped", ["reason"])
@@ -132,6 +153,7 @@ class SipCall:
     link: Link | None = None
     final: bytes = b""  # the final response to the INVITE, for retransmissions
     acked: asyncio.Event = field(default_factory=asyncio.Event)
+    media_ready: asyncio.Event = field(default_factory=asyncio.Event)  # ACK or the caller's RTP: ours may go
     ended: bool = False
     hang_up: bool = True  # we end the call (BYE); False once the caller has (BYE, CANCEL)
     media: tuple[str, int] = ("", 0)  # where our RTP goes and theirs must come from (`_heard_from`)
@@ -150,12 +172,36 @@ class SipCall:
         return ulaw_decode(payload) if self.codec == PCMU else alaw_decode(payload)
 
 
-class SipListener:
-    """A SIP user agent server on UDP; every call a session."""
+@dataclass(eq=False)
+class _Answering:
+    """An INVITE whose session is being opened: what a CANCEL or the INVITE again must
+    match, and a place among the unconfirmed calls."""
 
-    def __init__(self, config: Config, sessions: Sessions) -> None:
+    invite: sip.SipMessage
+    signaling: tuple[str, int]
+    task: asyncio.Task[None]
+    to_tag: str = ""  # none given yet: only the INVITE's own transaction matches
+
+
+class SipListener:
+    """A SIP user agent server on UDP; every call a session.
+
+    ``ack_timeout_s``, ``max_unacked`` and ``max_unacked_per_source``: the bounds on
+    calls answered and not yet ACKed (module docstring); tests make them small."""
+
+    def __init__(
+        self,
+        config: Config,
+        sessions: Sessions,
+        ack_timeout_s: float = ACK_TIMEOUT_S,
+        max_unacked: int = MAX_UNACKED,
+        max_unacked_per_source: int = MAX_UNACKED_PER_SOURCE,
+    ) -> None:
         self.config = config
         self.sessions = sessions
+        self.ack_timeout_s = ack_timeout_s
+        self.max_unacked = max_unacked
+        self.max_unacked_per_source = max_unacked_per_source
         self.allow = parse_networks(config.sip_allow)
         self.auth = (
             sip.DigestAuth(config.sip_username, config.sip_password)
@@ -163,7 +209,7 @@ class SipListener:
             else None
         )
         self.calls: dict[str, SipCall] = {}  # by Call-ID
-        self._pending: dict[str, asyncio.Task[None]] = {}  # INVITEs being answered, by Call-ID
+        self._pending: dict[str, _Answering] = {}  # INVITEs being answered, by Call-ID
         self._tasks: set[asyncio.Task[None]] = set()
         self._endpoint: _Datagrams | None = None
 
@@ -180,9 +226,10 @@ class SipListener:
         log.info("sip: listening on udp %s:%d", self.config.host, self.port)
 
     async def stop(self) -> None:
-        for task in list(self._pending.values()):
+        tasks = [answering.task for answering in self._pending.values()]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._pending.values(), return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         await asyncio.gather(*(self._end(c, bye=True) for c in list(self.calls.values())))
         if self._endpoint is not None and self._endpoint.transport is not None:
             self._endpoint.transport.close()
@@ -209,6 +256,9 @@ class SipListener:
         return any(address in network for network in self.allow)
 
     def _datagram(self, data: bytes, addr: tuple[str, int]) -> None:
+        if not self._allowed(addr[0]):
+            BAD_SIP.labels("forbidden").inc()
+            return  # unread and unanswered: a stranger costs no parsing and learns nothing
         if data.strip() == b"":
             return  # a keep-alive (CRLF ping)
         try:
@@ -222,11 +272,6 @@ class SipListener:
             return
         if not message.is_request:
             return  # responses to our BYEs: nothing to do
-        if not self._allowed(addr[0]):
-            BAD_SIP.labels("forbidden").inc()
-            if message.method != "ACK":
-                self._reply(message, addr, 403)
-            return
         handler = {
             "INVITE": self._invite,
             "ACK": self._ack,
@@ -243,25 +288,54 @@ class SipListener:
     def _options(self, request: sip.SipMessage, addr: tuple[str, int]) -> None:
         self._reply(request, addr, 200, sip.new_tag(), [("allow", ALLOW), ("accept", "application/sdp")])
 
+    def _dialog(self, request: sip.SipMessage, addr: tuple[str, int]) -> SipCall | _Answering | None:
+        """The call (or INVITE being answered) with this request's Call-ID, if the request
+        is of its dialog and comes from where its INVITE came from; None otherwise (and,
+        when the Call-ID alone matched, counted)."""
+        known: SipCall | _Answering | None = self.calls.get(request.call_id)
+        if known is None:  # a call wins: its answering task may not have popped itself yet
+            known = self._pending.get(request.call_id)
+        if known is None:
+            return None
+        if addr != known.signaling or not sip.in_dialog(request, known.invite, known.to_tag):
+            BAD_SIP.labels("not_in_dialog").inc()
+            log.debug(
+                "sip: a %s for call %s from %s is not of its dialog", request.method, request.call_id, addr
+            )
+            return None
+        return known
+
+    def _unacked(self, host: str) -> tuple[int, int]:
+        """Calls being answered or answered and not yet ACKed: in all, and from ``host``."""
+        sources = [a.signaling[0] for cid, a in self._pending.items() if cid not in self.calls]
+        sources += [c.signaling[0] for c in self.calls.values() if not c.acked.is_set()]
+        return len(sources), sources.count(host)
+
     def _invite(self, request: sip.SipMessage, addr: tuple[str, int]) -> None:
-        call = self.calls.get(request.call_id)
-        if call is not None:
-            if request.cseq[0] == call.invite.cseq[0]:  # a retransmission: the same answer
-                if call.final:
-                    self._endpoint.transport.sendto(call.final, addr)  # type: ignore[union-attr]
-            else:  # a re-INVITE (refresh, hold): the same media, still here
-                self._reply(request, addr, 200, call.to_tag, self._contact(call), self._answer_sdp(call))
-            return
-        if request.call_id in self._pending:
-            return  # being answered; the 100 already went
+        if request.call_id in self.calls or request.call_id in self._pending:
+            known = self._dialog(request, addr)
+            if known is None:
+                self._reply(request, addr, 481)
+            elif isinstance(known, SipCall) and not sip.param(request.get("to"), "tag"):  # the INVITE again
+                if known.final:
+                    self._endpoint.transport.sendto(known.final, addr)  # type: ignore[union-attr]
+            elif isinstance(known, SipCall):  # a re-INVITE (refresh, hold): the same media, still here
+                self._reply(request, addr, 200, known.to_tag, self._contact(known), self._answer_sdp(known))
+            return  # (being answered: the 100 already went)
         if self.auth is not None and not self.auth.check(request):
             BAD_SIP.labels("unauthorized").inc()
             self._reply(request, addr, 401, sip.new_tag(), [("www-authenticate", self.auth.challenge())])
             return
+        waiting, from_there = self._unacked(addr[0])
+        if waiting >= self.max_unacked or from_there >= self.max_unacked_per_source:
+            BAD_SIP.labels("unacked").inc()
+            self._reply(request, addr, 503, sip.new_tag(), [("retry-after", "2")])
+            return
         self._reply(request, addr, 100)
-        task = asyncio.create_task(self._answer(request, addr), name=f"sip-invite-{request.call_id[:16]}")
-        self._pending[request.call_id] = task
-        task.add_done_callback(lambda _: self._pending.pop(request.call_id, None))
+        call_id = request.call_id
+        task = asyncio.create_task(self._answer(request, addr), name=f"sip-invite-{call_id[:16]}")
+        self._pending[call_id] = _Answering(request, addr, task)
+        task.add_done_callback(lambda _: self._pending.pop(call_id, None))
         task.add_done_callback(_log_failure)
 
     def _contact(self, call: SipCall) -> list[tuple[str, str]]:
@@ -339,34 +413,34 @@ class SipListener:
             call.rtp.transport.close()
 
     def _ack(self, request: sip.SipMessage, addr: tuple[str, int]) -> None:
-        call = self.calls.get(request.call_id)
-        if call is not None:
+        call = self._dialog(request, addr)
+        if isinstance(call, SipCall):  # (an ACK is never answered, whatever it is)
             call.acked.set()
+            call.media_ready.set()
 
     def _bye(self, request: sip.SipMessage, addr: tuple[str, int]) -> None:
-        call = self.calls.get(request.call_id)
-        if call is None:
+        call = self._dialog(request, addr)
+        if not isinstance(call, SipCall):
             self._reply(request, addr, 481)
             return
         self._reply(request, addr, 200, call.to_tag)
         self._spawn(self._end(call, bye=False), f"sip-bye-{call.call_id[:16]}")
 
     def _cancel(self, request: sip.SipMessage, addr: tuple[str, int]) -> None:
-        pending = self._pending.get(request.call_id)
-        call = self.calls.get(request.call_id)
-        if pending is None and (call is None or call.acked.is_set()):
-            self._reply(request, addr, 481 if call is None else 200)
+        known = self._dialog(request, addr)
+        if known is None:
+            self._reply(request, addr, 481)
             return
-        self._reply(request, addr, 200)  # the CANCEL; the INVITE gets 487
-        if pending is not None:
-            pending.cancel()
+        self._reply(request, addr, 200)  # the CANCEL; the INVITE gets 487 (if not ACKed yet)
+        if isinstance(known, _Answering):
+            known.task.cancel()
             invite = request  # same Call-ID, CSeq number and Via branch as the INVITE
             self._reply(sip.SipMessage(method="INVITE", uri=invite.uri, headers=[
                 (n, v.replace("CANCEL", "INVITE") if n == "cseq" else v) for n, v in invite.headers]),
                 addr, 487, sip.new_tag())  # fmt: skip
-        elif call is not None:
-            self._send(sip.response(call.invite, 487, call.to_tag, source=addr), addr)
-            self._spawn(self._end(call, bye=False), f"sip-cancel-{call.call_id[:16]}")
+        elif not known.acked.is_set():  # it crossed our 200: the call ends all the same
+            self._send(sip.response(known.invite, 487, known.to_tag, source=addr), addr)
+            self._spawn(self._end(known, bye=False), f"sip-cancel-{known.call_id[:16]}")
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.create_task(coro, name=name)
@@ -375,15 +449,19 @@ class SipListener:
         task.add_done_callback(_log_failure)
 
     async def _resend_until_ack(self, call: SipCall) -> None:
+        """The 200 again after T1, 2*T1, 4*T1, ... (at most T2 apart) until the ACK; none
+        within ``ack_timeout_s`` (64*T1): the call ends with our BYE (RFC 3261 13.3.1.4)."""
         interval, waited = T1, 0.0
-        while waited < ACK_TIMEOUT_S:
+        while waited < self.ack_timeout_s:
+            step = min(interval, self.ack_timeout_s - waited)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(call.acked.wait(), interval)
+                await asyncio.wait_for(call.acked.wait(), step)
                 return
-            waited += interval
-            self._endpoint.transport.sendto(call.final, call.signaling)  # type: ignore[union-attr]
+            waited += step
+            if waited < self.ack_timeout_s:
+                self._endpoint.transport.sendto(call.final, call.signaling)  # type: ignore[union-attr]
             interval = min(interval * 2, T2)
-        log.info("sip call %s: no ACK in %.0f s, hanging up", call.call_id, ACK_TIMEOUT_S)
+        log.info("sip call %s: no ACK in %g s, hanging up", call.call_id, self.ack_timeout_s)
         self._spawn(self._end(call, bye=True), f"sip-noack-{call.call_id[:16]}")
 
     async def _end(self, call: SipCall, bye: bool) -> None:
@@ -467,6 +545,7 @@ class SipListener:
         except RtpError:
             RTP_DROPPED.labels("malformed").inc()
             return
+        call.media_ready.set()  # the caller is there, at the address we will send to
         if packet.payload_type == call.codec:
             for out in call.jitter.push(packet):
                 if out.payload:
@@ -486,7 +565,10 @@ class SipListener:
             RTP_DROPPED.labels("payload_type").inc()
 
     async def _send_rtp(self, call: SipCall, outbox: Outbox[bytes]) -> None:
-        """A packet every 20 ms on a drift-free clock: the reply's audio, or silence."""
+        """A packet every 20 ms on a drift-free clock: the reply's audio, or silence; from
+        the ACK or the caller's first RTP on (an INVITE alone, perhaps from a forged
+        address, starts no stream)."""
+        await call.media_ready.wait()
         assert call.rtp is not None and call.rtp.transport is not None
         transport = call.rtp.transport
         silence = (ulaw_encode if call.codec == PCMU else alaw_encode)(np.zeros(FRAME, np.int16)).tobytes()

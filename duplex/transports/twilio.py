@@ -13,12 +13,23 @@ phrase ends: a barge-in then truncates the reply to within 100 ms of what was pl
 where a mark per phrase would lose up to a phrase. A mark's name is
 ``<response id>:<ms of that reply sent before it>``. Once a ``clear`` is sent, marks
 echoed for the dropped audio (Twilio echoes them all at a clear) are ignored: they say
-nothing about what the caller heard.
+nothing about what the caller heard. At most `MAX_MARKS_OUT` marks wait for their echo
+(the oldest are forgotten beyond): a caller that never echoes holds no more than that.
 
-A malformed message is dropped and counted; a call that sends nothing but bad messages
+A socket holds one of ``max_sessions`` from its upgrade (`Sessions.hold`), and one
+that has not sent ``start`` within ``handshake_timeout_s`` is closed (1008): sockets
+that never begin a call cannot pile up. A caller that stops reading is closed too: the
+socket's send buffers are kept small (`SEND_BUFFER_BYTES`, a few seconds of media), so
+its writer blocks soon, and once nothing has been taken for ``slow_reader_timeout_s``
+the session ends and the socket closes with 1008 ``slow_reader`` (aborted if the caller
+does not take even that within the same time).
+
+Messages are handled one per turn of the event loop, so a caller's flood of them
+(thousands of mark echoes, keys, bad messages) delays no other call. A malformed
+message is dropped and counted; a call that sends nothing but bad messages
 (``MAX_BAD_MESSAGES`` in a row), or anything before ``start`` but ``connected``, is
-closed with a WebSocket close code that says why (1002, 1007, 1008, 1009 for an
-oversized frame, 1013 when the server is full or loading).
+closed with a WebSocket close code that says why (1002, 1003 for a binary frame, 1007,
+1008, 1009 for an oversized frame, 1013 when the server is full or loading).
 """
 
 from __future__ import annotations
@@ -26,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import socket
 
 import numpy as np
 from aiohttp import WSCloseCode, WSMsgType, web
@@ -40,7 +52,7 @@ from duplex.config import Config
 from duplex.events import Event, SessionError
 from duplex.session_config import SessionConfig
 from duplex.sessions import Sessions
-from duplex.transports.link import send_all, websocket_link
+from duplex.transports.link import Link
 from duplex.transports.output import Cursor, OutputStage
 from duplex.transports.port import SessionPort
 
@@ -52,7 +64,8 @@ MAX_MESSAGE_BYTES = 64 * 1024  # a 20 ms media message is ~300 bytes
 MAX_QUEUED_MEDIA = 250  # 5 s of audio waiting for the socket: more is dropped
 MAX_BAD_MESSAGES = 20  # in a row
 MAX_GAP_MS = 1000  # silence filled for a gap in media timestamps, at most
-START_TIMEOUT_S = 10.0
+MAX_MARKS_OUT = 600  # marks awaiting their echo: a minute of audio, far beyond Twilio's buffer
+SEND_BUFFER_BYTES = 16 * 1024  # unsent, in the kernel (twice this) and in asyncio: ~3 s of media
 
 BAD_MESSAGES = Counter(
     "duplex_twilio_bad_messages_total", "malformed Media Streams messages dropped", ["code"]
@@ -89,6 +102,8 @@ class TwilioWire:
         position = min(cursor.end, cursor.start + sent)  # the last frame is padded
         name = f"{cursor.response_id}:{(position - cursor.start) * 1000 // self.voice_rate}"
         self._marks[name] = position
+        if len(self._marks) > MAX_MARKS_OUT:  # never echoed: the oldest says the least
+            del self._marks[next(iter(self._marks))]
         self._since_mark = 0
         return twilio.mark(self.stream_sid, name)
 
@@ -147,10 +162,16 @@ class TwilioEndpoint:
         return web.Response(text=twilio.twiml(url, params), content_type="text/xml")
 
     async def stream(self, request: web.Request) -> web.WebSocketResponse:
-        ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_BYTES, heartbeat=None)
+        # ``timeout``: how long a close waits for the caller's own close frame
+        wait_s = self.config.slow_reader_timeout_s
+        ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_BYTES, heartbeat=None, timeout=wait_s)
         await ws.prepare(request)
+        transport = request.transport
+        if transport is None:  # gone already
+            return ws
+        _small_send_buffer(transport)
         try:
-            await self._call(ws, request.query.get("token", ""))
+            await self._call(ws, request.query.get("token", ""), transport)
         except _CallEnd as e:
             log.info("twilio: call refused: %s", e)
             await ws.close(code=e.code, message=str(e).encode()[:120])
@@ -164,51 +185,91 @@ class TwilioEndpoint:
         return hmac.compare_digest(given.encode(), token.encode())
 
     async def _start(self, ws: web.WebSocketResponse) -> twilio.Start:
-        """Read up to the ``start`` message."""
-        async with asyncio.timeout(START_TIMEOUT_S):
-            async for msg in ws:
-                if msg.type != WSMsgType.TEXT:
-                    raise _CallEnd(WSCloseCode.UNSUPPORTED_DATA, "Media Streams messages are JSON text")
-                try:
-                    message = twilio.parse(msg.data)
-                except twilio.ProtocolError as e:
-                    raise _CallEnd(WSCloseCode.INVALID_TEXT, f"{e.code}: {e}") from None
-                if isinstance(message, twilio.Start):
-                    return message
-                if not isinstance(message, twilio.Connected):
-                    raise _CallEnd(
-                        WSCloseCode.PROTOCOL_ERROR, f"expected 'start', got {type(message).__name__.lower()}"
-                    )
+        """Read up to the ``start`` message (`_CallEnd` if anything else comes, or nothing
+        in time)."""
+        timeout = self.config.handshake_timeout_s
+        try:
+            async with asyncio.timeout(timeout):
+                return await self._read_start(ws)
+        except TimeoutError:
+            raise _CallEnd(WSCloseCode.POLICY_VIOLATION, f"no 'start' within {timeout:g} s") from None
+
+    @staticmethod
+    async def _read_start(ws: web.WebSocketResponse) -> twilio.Start:
+        async for msg in ws:
+            if msg.type != WSMsgType.TEXT:  # (an oversized frame: aiohttp has closed with 1009)
+                raise _CallEnd(WSCloseCode.UNSUPPORTED_DATA, "Media Streams messages are JSON text")
+            try:
+                message = twilio.parse(msg.data)
+            except twilio.ProtocolError as e:
+                raise _CallEnd(WSCloseCode.INVALID_TEXT, f"{e.code}: {e}") from None
+            if isinstance(message, twilio.Start):
+                return message
+            if not isinstance(message, twilio.Connected):
+                raise _CallEnd(
+                    WSCloseCode.PROTOCOL_ERROR, f"expected 'start', got {type(message).__name__.lower()}"
+                )
+            await asyncio.sleep(0)  # (a flood of 'connected' takes turns too)
         raise _CallEnd(WSCloseCode.GOING_AWAY, "the stream ended before 'start'")
 
-    async def _call(self, ws: web.WebSocketResponse, query_token: str) -> None:
+    async def _call(self, ws: web.WebSocketResponse, query_token: str, transport: asyncio.Transport) -> None:
         try:
-            start = await self._start(ws)
-        except TimeoutError:
-            raise _CallEnd(WSCloseCode.POLICY_VIOLATION, f"no 'start' within {START_TIMEOUT_S:g} s") from None
-        if not self._authorized(query_token, start):
-            raise _CallEnd(WSCloseCode.POLICY_VIOLATION, "missing or wrong token")
-        if start.stream_sid in self.calls:
-            raise _CallEnd(WSCloseCode.POLICY_VIOLATION, "this streamSid already has a call")
-        try:
-            voice = self.sessions.check_room()
-            wire = TwilioWire(start.stream_sid, voice.sample_rate)
-            stage = OutputStage(wire, Outbox(MAX_QUEUED_MEDIA, on_drop=MEDIA_DROPPED.inc))
-            session = await self.sessions.open(
-                stage, SessionConfig(input_rate=twilio.RATE, playback_acks=True)
-            )
+            with self.sessions.hold():  # from the upgrade on: sockets that never start count
+                start = await self._start(ws)
+                if not self._authorized(query_token, start):
+                    raise _CallEnd(WSCloseCode.POLICY_VIOLATION, "missing or wrong token")
+                if start.stream_sid in self.calls:
+                    raise _CallEnd(WSCloseCode.POLICY_VIOLATION, "this streamSid already has a call")
+                voice = self.sessions.check_room(holding=True)
+                wire = TwilioWire(start.stream_sid, voice.sample_rate)
+                stage = OutputStage(wire, Outbox(MAX_QUEUED_MEDIA, on_drop=MEDIA_DROPPED.inc))
+                session = await self.sessions.open(
+                    stage, SessionConfig(input_rate=twilio.RATE, playback_acks=True), holding=True
+                )
         except SessionError as e:
             raise _CallEnd(WSCloseCode.TRY_AGAIN_LATER, f"{e.code}: {e}") from None
         self.calls[start.stream_sid] = session
         log.info("twilio call %s (stream %s): session %s", start.call_sid, start.stream_sid, session.id)
-        link = websocket_link(self.sessions, session, stage, ws)
-        link.own(send_all(stage.outbox, ws.send_str), "twilio-send")
+        link = self._link(session, stage, ws, transport)
+        link.own(_send(stage.outbox, ws, transport), "twilio-send")
+        link.watch_reader(stage.outbox, self.config.slow_reader_timeout_s)
+        # the link owns the receiver too: a close begun by the session's end or a stall
+        # stops it first, so the close frame is followed by the closing handshake
+        receiving = link.own(self._media(ws, session, wire), "twilio-receive")
         try:
-            await self._media(ws, session, wire)
+            await asyncio.wait([receiving])
         finally:
             self.calls.pop(start.stream_sid, None)
             await link.close()
             log.info("twilio call %s: ended", start.call_sid)
+
+    def _link(
+        self,
+        session: SessionPort,
+        stage: OutputStage[str],
+        ws: web.WebSocketResponse,
+        transport: asyncio.Transport,
+    ) -> Link:
+        """The call's `Link`: the socket closes with 1001 if the session ended first, and
+        with 1008 if the caller stopped reading; a caller that does not take even that
+        close frame within ``slow_reader_timeout_s`` has its connection aborted."""
+        grace = self.config.slow_reader_timeout_s
+
+        async def close_socket() -> None:
+            if link.ended_by_session:
+                await ws.close(code=WSCloseCode.GOING_AWAY, message=b"session ended")
+            elif not link.stalled:
+                await ws.close()
+            else:
+                reason = f"slow_reader: nothing was read for {grace:g} s".encode()
+                try:
+                    async with asyncio.timeout(grace):  # the frame waits behind what it never read
+                        await ws.close(code=WSCloseCode.POLICY_VIOLATION, message=reason)
+                except TimeoutError:
+                    transport.abort()  # else what waits for it holds the socket open for good
+
+        link = Link(session, lambda: self.sessions.close(session), close_socket, stage.close)
+        return link
 
     async def _media(self, ws: web.WebSocketResponse, session: SessionPort, wire: TwilioWire) -> None:
         bad = 0
@@ -242,6 +303,7 @@ class TwilioEndpoint:
             if bad >= MAX_BAD_MESSAGES:
                 await ws.close(code=WSCloseCode.INVALID_TEXT, message=b"too many malformed messages")
                 return
+            await asyncio.sleep(0)  # messages already read come without a wait: a flood takes turns
 
     @staticmethod
     def _push(session: SessionPort, media: twilio.Media, next_ms: int | None) -> int | None:
@@ -255,3 +317,25 @@ class TwilioEndpoint:
         if media.timestamp_ms is None:
             return None
         return media.timestamp_ms + len(media.payload) * 1000 // twilio.RATE
+
+
+async def _send(outbox: Outbox[str], ws: web.WebSocketResponse, transport: asyncio.Transport) -> None:
+    """The writer: the outbox's messages, in order. A socket that holds
+    `SEND_BUFFER_BYTES` unsent is waited out here, a frame's time at a time (the outbox
+    meanwhile counts as stalled), never inside aiohttp's drain: a writer cancelled there
+    leaves the socket's shared drain future cancelled, and the close frame after it fails."""
+    while True:
+        message = await outbox.get()
+        while transport.get_write_buffer_size() > SEND_BUFFER_BYTES:  # noqa: ASYNC110 (no event says "writable")
+            await asyncio.sleep(0.02)
+        await ws.send_str(message)
+
+
+def _small_send_buffer(transport: asyncio.BaseTransport) -> None:
+    """Keep what waits in the kernel for a slow socket small. Media is ~16 kB/s, so a
+    few seconds of it is plenty on any network; with the kernel's default (it grows to
+    megabytes) a caller that stops reading would take minutes to block our writer, and
+    audio sitting in buffers is audio a ``clear`` cannot take back."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)

@@ -4,9 +4,13 @@ lives as long as its peer connection.
 Request: ``{"type": "offer", "sdp": "...", "config": {...}}`` (``config`` optional:
 ``system_prompt``, ``end_of_turn_ms``, ...). Answer: ``{"type": "answer", "sdp": "...",
 "session_id": "..."}``, every ICE candidate in it (no trickle). Errors are JSON
-``{"error": {"type", "code", "message"}}`` with 400 (a bad offer), 409 (an offer for a
-peer connection that already exists), 415 (not ``application/json``), 429 (the session
-limit) or 503 (models loading).
+``{"error": {"type", "code", "message"}}`` with 400 (a bad offer: ``bad_offer``,
+``bad_sdp``, ``no_audio``, ``bad_config``; one over the limits that
+`audio_io.webrtc.check_offer` sets before aiortc parses anything:
+``too_many_candidates``, ``offer_too_large``; one without Opus: ``unsupported_codec``),
+409 (an offer for a peer connection that already exists), 415 (not
+``application/json``), 429 (the session limit) or 503 (models loading). A refused offer
+leaves no peer connection and no session behind.
 
 On the ``events`` data channel the server sends every session event as JSON
 (``{"type": ..., ...}``) and takes control messages:
@@ -16,7 +20,12 @@ On the ``events`` data channel the server sends every session event as JSON
 - ``{"type": "config", ...}``: change turn-taking settings (`Session.configure`);
 - ``{"type": "respond"}``: answer the turns held while ``answer_turns`` is false.
 
-The peer connection and the session close together, whichever goes first.
+The peer connection and the session close together, whichever goes first. The session
+opens with the answer, so a peer that never connects holds one of ``max_sessions``
+until ``webrtc_connect_timeout_s``, then both close. A browser that takes no events
+(its SCTP acknowledges none) for ``slow_reader_timeout_s``, or lets
+`audio_io.webrtc.MAX_BUFFERED_BYTES` of them pile up, is closed with ``slow_reader``;
+audio cannot pile up (the track sends on its own clock and never waits).
 """
 
 from __future__ import annotations
@@ -202,6 +211,7 @@ class WebRtcEndpoint:
 
         link = Link(session, lambda: self.sessions.close(session), close_peer, stage.close)
         link.own(when_peer_closes(), "webrtc-peer")
+        link.watch_reader(peer, self.config.slow_reader_timeout_s)  # events the browser does not take
         self._links[session.id] = link
 
     async def _control(self, session: SessionPort, text: str) -> None:
