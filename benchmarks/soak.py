@@ -11,8 +11,13 @@ loopback ports; this process is its clients.
   read after a warm-up, once its sessions have closed (``before``), and again after
   the N cycles, once they have closed (``after``): growth is after - before.
 - ``--minutes M``: one gRPC session held M minutes (0: none), silence streamed in real
-  time with a spoken question every 30 s; each reply's voice-to-voice as the server
-  measured it (``duplex.turn.metrics``). Flat: the last quarter's median is the first's.
+  time with a spoken question every 30 s; each reply's voice-to-voice and its steps as
+  the server measured them (``duplex.turn.metrics``), and their medians by quarter of
+  the session: flat when the last quarter's is the first's.
+
+RSS is read as the kernel counts it: memory the process freed but glibc has not given
+back yet counts too, so it climbs and then falls at once; growth over a run is the
+figure, the series shows the saw.
 """
 
 from __future__ import annotations
