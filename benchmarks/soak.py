@@ -538,13 +538,18 @@ def measure(config: Config, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def plot(result: dict[str, Any]) -> None:
-    """Server RSS and open fds by cycle; voice-to-voice by minute of the long session."""
+    """Server RSS, open fds and tasks by cycle, from the baseline (a sampled cycle's may
+    include the last connections still closing); voice-to-voice by minute of the long
+    session."""
     if "cycles" in result and result["cycles"]["series"]:
-        series = np.array(result["cycles"]["series"])
+        series, before = np.array(result["cycles"]["series"]), result["cycles"]["before"]
         fig, ax = new_plot()
-        ax.plot(series[:, 0], series[:, 1] - series[0, 1], ".-", label="RSS growth, MB")
-        ax.plot(series[:, 0], series[:, 2] - series[0, 2], ".-", label="open fds growth")
-        ax.plot(series[:, 0], series[:, 3] - series[0, 3], ".-", label="asyncio tasks growth")
+        for column, key, label in (
+            (1, "rss_mb", "RSS, MB"),
+            (2, "fds", "open fds"),
+            (3, "tasks", "asyncio tasks"),
+        ):
+            ax.plot(series[:, 0], series[:, column] - before[key], ".-", label=label)
         save_plot(fig, ax, "soak_cycles", "Connect/disconnect on 5 transports", "growth", xlabel="cycle")
     if "long_session" in result and result["long_session"]["v2v_ms_by_turn"]:
         turns = np.array(result["long_session"]["v2v_ms_by_turn"])

@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     bench.add_argument(
-        "stage", choices=("asr", "tts", "ar", "ar-cpu", "ar-variants", "conversation", "endpoint")
+        "stage", choices=("asr", "tts", "ar", "ar-cpu", "ar-variants", "conversation", "endpoint", "soak")
     )
     bench.add_argument("--sessions", default="1,4,8", help="concurrent sessions to measure, comma-separated")
     bench.add_argument("--quick", action="store_true", help="fewer repetitions (for smoke tests)")
@@ -119,6 +119,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=0,
         help="conversation: also one session of this many turns; endpoint: turns per setting (10)",
+    )
+    bench.add_argument(
+        "--cycles", type=int, default=None, help="soak: connect/disconnect cycles over every transport (100)"
+    )
+    bench.add_argument(
+        "--minutes", type=float, default=0.0, help="soak: also one session this long, a question every 30 s"
     )
     return parser
 
