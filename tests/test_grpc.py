@@ -7,7 +7,6 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
 
 import grpc
 import numpy as np
@@ -21,11 +20,11 @@ from audio_io.wav import read_wav, write_wav
 from duplex.caller import heard_by_marks
 from duplex.config import Config
 from duplex.grpc_client import Conversation, DuplexClient
-from duplex.metrics import LoopLag
 from duplex.sessions import Sessions
 from duplex.transports.grpc_server import GrpcListener
 from models.speech_set import wer
 from tests.conftest import REPO, duplex_command, speech
+from tests.hostile import run_cases, until
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
 
@@ -244,13 +243,6 @@ async def test_audio_after_cancel_and_a_half_close_mid_turn(served, tts_engine):
     assert "Paris" in "".join(t.delta for t in caller.of("text"))
     assert all(len(a.data) == 320 for a in caller.of("audio"))  # 20 ms of PCM16 at 8 kHz
     assert len(sessions) == 0
-
-
-async def until(holds: Callable[[], bool], within: float) -> None:
-    deadline = time.monotonic() + within
-    while not holds():
-        assert time.monotonic() < deadline, f"not within {within} s"
-        await asyncio.sleep(0.01)
 
 
 async def until_no_session(sessions: Sessions, within: float = 10.0) -> None:
@@ -536,76 +528,30 @@ async def slow_readers(target: str, sessions: Sessions) -> None:
         never_reads.abort()
 
 
-MIN_CASE_S = 0.5  # the loop's lag is measured this long at least (a case of 10 ms has no sample)
-HostileCase = Callable[[str, Sessions], Awaitable[None]]
-
-
-async def left_behind(sessions: Sessions, neighbour: Neighbour, began: float) -> str | None:
-    """What is wrong once a case is over (its last closes may still be running)."""
-    checks: list[tuple[str, Callable[[], bool]]] = [
-        ("the neighbour heard nothing during or right after it", lambda: neighbour.audio_since(began) > 0),
-        ("it left a session or a held place behind", lambda: len(sessions) == 1 and not sessions._held),
-    ]
-    for why, holds in checks:
-        try:
-            await until(holds, 30)
-        except AssertionError:
-            return why
-    return None
-
-
-async def run_cases(
-    target: str, sessions: Sessions, neighbour: Neighbour, cases: Sequence[HostileCase]
-) -> tuple[dict[str, str], dict[str, str]]:
-    """Each case while the neighbour hears a reply, under a `LoopLag`; a failed case is
-    noted and the next one runs, so that one run shows every case. Its failures, and
-    figures for every case."""
-    failed: dict[str, str] = {}
-    figures: dict[str, str] = {}
-    lag = LoopLag()  # what the machine does to the loop with no hostile client, for the figures
-    lag.start()
-    await asyncio.sleep(2)
-    await lag.stop()
-    figures["no hostile client"] = f"loop lag p99 {np.percentile(lag.samples_ms, 99):.1f} ms"
-    for case in cases:
-        name = case.__name__
-        await neighbour.speaking()
-        lag = LoopLag()
-        lag.start()
-        began = time.monotonic()
-        try:
-            async with asyncio.timeout(90):
-                await case(target, sessions)
-        except (AssertionError, TimeoutError, grpc.aio.AioRpcError) as e:
-            failed[name] = f"{type(e).__name__}: {e}"
-        finally:
-            took = time.monotonic() - began
-            await asyncio.sleep(max(0.0, began + MIN_CASE_S - time.monotonic()))
-            await lag.stop()
-        p99 = float(np.percentile(lag.samples_ms, 99))
-        figures[name] = (
-            f"{took:.1f} s, loop lag p99 {p99:.1f} ms (max {max(lag.samples_ms):.0f}), "
-            f"neighbour audio chunks meanwhile {neighbour.audio_since(began)}"
-        )
-        if p99 >= 50:
-            failed.setdefault(name, f"loop lag p99 {p99:.0f} ms")
-        why = await left_behind(sessions, neighbour, began)
-        if why:
-            failed.setdefault(name, why)
-    return failed, figures
-
-
 async def test_hostile_clients_get_a_status_and_a_neighbour_conversation_goes_on(hostile, caplog):
     target, sessions = hostile
     async with DuplexClient(target) as client:
         neighbour = Neighbour(await client.converse())
         try:
             cases = [malformed_messages, never_configured, slow_readers]
-            failed, figures = await run_cases(target, sessions, neighbour, cases)
+            failed, figures = await run_cases(
+                cases,
+                (target, sessions),
+                neighbour.speaking,
+                neighbour.audio_since,
+                [
+                    (
+                        "it left a session or a held place behind",
+                        lambda: len(sessions) == 1 and not sessions._held,
+                    )
+                ],
+                (grpc.aio.AioRpcError,),
+            )
             status = await neighbour.close()
         finally:
             await neighbour.stop()
     print("\n".join(f"{name}: {figure}" for name, figure in figures.items()))
+    assert len(figures) == len(cases) + 1  # every case ran
     assert not failed, "\n".join(f"{name}: {why}" for name, why in failed.items())
     assert status[0] == grpc.StatusCode.OK and not neighbour.errors
     await until_no_session(sessions)

@@ -654,7 +654,7 @@ async def test_hostile_clients_get_the_protocols_answer_and_harm_no_neighbour(en
             await asyncio.sleep(3)
             await lag.stop()
             cases.figures["no hostile client"] = f"loop lag p99 {np.percentile(lag.samples_ms, 99):.1f} ms"
-            for name, case in [
+            hostile = [
                 ("a frame over max_message_bytes", frame_over_the_limit_from_its_header(port, config)),
                 ("an append over max_message_bytes", append_over_the_limit(port, config)),
                 ("text that is not UTF-8", text_not_utf8(port, config)),
@@ -663,7 +663,8 @@ async def test_hostile_clients_get_the_protocols_answer_and_harm_no_neighbour(en
                 ("a flood of empty appends", flood_of_empty_appends(port, config, cases.figures)),
                 ("a client that stops reading", stops_reading(port, sessions, connections, caplog)),
                 ("a client that vanishes mid-reply", vanishes_mid_reply(port, sessions, connections)),
-            ]:
+            ]
+            for name, case in hostile:
                 async with cases.case(name):
                     await case
             assert not neighbour.errors and not talking.done()
@@ -674,6 +675,7 @@ async def test_hostile_clients_get_the_protocols_answer_and_harm_no_neighbour(en
             while connections:  # noqa: ASYNC110 (the close handshake)
                 await asyncio.sleep(0.05)
     print("\n".join(f"{name}: {figure}" for name, figure in cases.figures.items()))
+    assert set(cases.figures) >= {name for name, _ in hostile}  # every case ran
     assert not cases.failed, "\n".join(f"{name}: {why}" for name, why in cases.failed.items())
     assert not [t for t in asyncio.all_tasks() if t.get_name().startswith("sess_")]
     assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]

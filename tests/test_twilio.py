@@ -14,7 +14,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from xml.etree import ElementTree
 
@@ -38,7 +38,6 @@ from duplex.config import Config
 from duplex.events import Event
 from duplex.health import Readiness
 from duplex.http_app import build_http_app
-from duplex.metrics import LoopLag
 from duplex.session import Session
 from duplex.sessions import Sessions
 from duplex.transports import twilio as endpoint_module
@@ -46,6 +45,7 @@ from duplex.transports.output import OutputStage
 from duplex.transports.twilio import MARK_EVERY, MAX_MARKS_OUT, TwilioEndpoint, TwilioWire
 from models.speech_set import wer
 from tests.conftest import speech
+from tests.hostile import run_cases, until
 
 QUESTION = "What is the largest ocean on Earth?"
 
@@ -464,13 +464,6 @@ async def hostile(engines, tts_engine):
     await server.close()
 
 
-async def until(holds: Callable[[], bool], within: float) -> None:
-    deadline = time.monotonic() + within
-    while not holds():
-        assert time.monotonic() < deadline, f"not within {within} s"
-        await asyncio.sleep(0.01)
-
-
 def wire_of(h: Hostile, sid: str) -> TwilioWire:
     session = h.endpoint.calls[sid]
     assert isinstance(session, Session) and isinstance(session.sink, OutputStage)
@@ -728,66 +721,6 @@ async def a_caller_that_vanishes(h: Hostile) -> None:
     assert await closed_with(h.url, start_message("MZ4")) == (1001, "session ended")
 
 
-MIN_CASE_S = 0.5  # the loop's lag is measured this long at least (a case of 10 ms has no sample)
-HostileCase = Callable[[Hostile], Awaitable[None]]
-
-
-async def left_behind(h: Hostile, neighbour: Neighbour, began: float) -> str | None:
-    """What is wrong once a case is over (its last closes may still be running)."""
-    checks: list[tuple[str, Callable[[], bool]]] = [
-        ("the neighbour heard nothing during or right after it", lambda: neighbour.media_since(began) > 0),
-        ("it left a session or a held place behind", lambda: len(h.sessions) == 1 and not h.sessions._held),
-        ("it left a call behind", lambda: list(h.endpoint.calls) == ["MZgood"]),
-    ]
-    for why, holds in checks:
-        try:
-            await until(holds, 30)
-        except AssertionError:
-            return why
-    return None
-
-
-async def run_cases(
-    h: Hostile, neighbour: Neighbour, cases: Sequence[HostileCase]
-) -> tuple[dict[str, str], dict[str, str]]:
-    """Each case while the neighbour hears a reply, under a `LoopLag`; a failed case is
-    noted and the next one runs, so that one run shows every case. Its failures, and
-    figures for every case."""
-    failed: dict[str, str] = {}
-    figures: dict[str, str] = {}
-    lag = LoopLag()  # what the machine does to the loop with no hostile caller, for the figures
-    lag.start()
-    await asyncio.sleep(2)
-    await lag.stop()
-    figures["no hostile caller"] = f"loop lag p99 {np.percentile(lag.samples_ms, 99):.1f} ms"
-    for case in cases:
-        name = case.__name__
-        await neighbour.speaking()
-        lag = LoopLag()
-        lag.start()
-        began = time.monotonic()
-        try:
-            async with asyncio.timeout(90):
-                await case(h)
-        except (AssertionError, TimeoutError, OSError, aiohttp.ClientError) as e:
-            failed[name] = f"{type(e).__name__}: {e}"
-        finally:
-            took = time.monotonic() - began
-            await asyncio.sleep(max(0.0, began + MIN_CASE_S - time.monotonic()))
-            await lag.stop()
-        p99 = float(np.percentile(lag.samples_ms, 99))
-        figures[name] = (
-            f"{took:.1f} s, loop lag p99 {p99:.1f} ms (max {max(lag.samples_ms):.0f}), "
-            f"neighbour media meanwhile {neighbour.media_since(began)}"
-        )
-        if p99 >= 50:
-            failed.setdefault(name, f"loop lag p99 {p99:.0f} ms")
-        why = await left_behind(h, neighbour, began)
-        if why:
-            failed.setdefault(name, why)
-    return failed, figures
-
-
 @pytest.mark.slow
 @pytest.mark.asyncio(loop_scope="session")
 async def test_hostile_callers_get_close_codes_and_a_neighbour_call_goes_on(hostile, caplog):
@@ -804,7 +737,21 @@ async def test_hostile_callers_get_close_codes_and_a_neighbour_call_goes_on(host
                 slow_readers,
                 a_caller_that_vanishes,
             ]
-            failed, figures = await run_cases(h, neighbour, cases)
+            afterwards = [
+                (
+                    "it left a session or a held place behind",
+                    lambda: len(h.sessions) == 1 and not h.sessions._held,
+                ),
+                ("it left a call behind", lambda: list(h.endpoint.calls) == ["MZgood"]),
+            ]
+            failed, figures = await run_cases(
+                cases,
+                (h,),
+                neighbour.speaking,
+                neighbour.media_since,
+                afterwards,
+                (OSError, aiohttp.ClientError),
+            )
         finally:
             await neighbour.stop()
         print("\n".join(f"{name}: {figure}" for name, figure in figures.items()))
@@ -812,6 +759,7 @@ async def test_hostile_callers_get_close_codes_and_a_neighbour_call_goes_on(host
         while (await good.receive()).type != aiohttp.WSMsgType.CLOSE:  # (the reply's last media)
             pass
         assert good.close_code == 1000
+    assert len(figures) == len(cases) + 1  # every case ran
     assert not failed, "\n".join(f"{name}: {why}" for name, why in failed.items())
     await until(lambda: len(h.sessions) == 0 and not h.endpoint.calls, 5)
     assert not [t for t in asyncio.all_tasks() if "twilio" in t.get_name()]

@@ -530,6 +530,7 @@ async def test_hostile_offers_leave_a_neighbour_session_unharmed(endpoint, caplo
     assert not [t for t in asyncio.all_tasks() if t.get_name().startswith("webrtc-")]
     assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
     print("loop lag p99 (ms) per case:", {k: round(v, 1) for k, v in lags.items()})
+    assert set(lags) == set(hostile)  # every case ran
 
 
 @pytest.mark.slow

@@ -31,9 +31,10 @@ What one client may cost, and what it is told past that (every other session goe
   messages are already buffered.
 - Bounded state: `MAX_ITEMS` conversation items and responses are remembered (older
   ones can no longer be truncated); user input waiting for ``response.create`` is at
-  most `MAX_UNANSWERED` messages and `MAX_UNANSWERED_CHARS` characters
-  (``unanswered_input_limit``); one reply at a time (``response.create`` during a reply
-  cuts it as heard); manual-turn audio until commit, `MAX_BUFFER_S`
+  most `MAX_UNANSWERED` messages (``unanswered_input_limit``), and their text at most
+  what one reply takes (the session's own bound, ``too_much_input``); one reply at a
+  time (``response.create`` during a reply cuts it as heard); manual-turn audio until
+  commit, `MAX_BUFFER_S`
   (``input_audio_buffer_full``); events queued for the client, `MAX_QUEUED`.
 - A client that reads nothing for ``slow_reader_timeout_s`` (its socket's buffers full)
   is closed, its socket aborted: a close frame would wait behind all it did not read.
@@ -83,8 +84,7 @@ RUNTIME_INPUT_RATE = 16000
 MAX_QUEUED = 2000  # events waiting for a client that does not read
 MAX_BUFFER_S = 300  # manual turns: input audio held until commit
 MAX_ITEMS = 1000  # conversation items (and responses) remembered, for truncate and previous_item_id
-MAX_UNANSWERED = 16  # user messages waiting for response.create...
-MAX_UNANSWERED_CHARS = 8000  # ... and their characters (one message may have 4000)
+MAX_UNANSWERED = 16  # user messages waiting for response.create (their text: `Session.add_turn`)
 MAX_ITEM_ID = 64  # characters of a client's item id
 EVENT_RATE = 2000.0  # client events a second, sustained: 40x a client streaming 20 ms appends
 EVENT_BURST = 2000.0  # ... at once (40 s of 20 ms appends, sent after a network stall)
@@ -267,7 +267,6 @@ class RealtimeConnection:
         # user input given to the session since the last response.create (an upper bound:
         # a turn the session answered by itself is still counted until then)
         self._unanswered = 0
-        self._unanswered_chars = 0
         self._text_items = itertools.count()
 
     # -- sending --
@@ -461,11 +460,10 @@ class RealtimeConnection:
             raise RealtimeError("'audio' is not valid base64.", "invalid_base64", "audio") from None
         return self._resampler.process(_decode(data, kind))
 
-    def _check_unanswered(self, chars: int, param: str | None) -> None:
-        if self._unanswered >= MAX_UNANSWERED or self._unanswered_chars + chars > MAX_UNANSWERED_CHARS:
+    def _check_unanswered(self, param: str | None) -> None:
+        if self._unanswered >= MAX_UNANSWERED:
             raise RealtimeError(
-                f"At most {MAX_UNANSWERED} user messages ({MAX_UNANSWERED_CHARS} characters) may wait "
-                "for an answer: send response.create first.",
+                f"At most {MAX_UNANSWERED} user messages may wait for an answer: send response.create first.",
                 "unanswered_input_limit",
                 param,
             )
@@ -474,7 +472,6 @@ class RealtimeConnection:
         assert self.session is not None
         self.session.add_turn(text)
         self._unanswered += 1
-        self._unanswered_chars += len(text)
 
     async def _item_create(self, message: dict[str, Any]) -> None:
         item = message.get("item")
@@ -504,7 +501,7 @@ class RealtimeConnection:
         item_id = given if isinstance(given, str) else f"item_text_{next(self._text_items)}"
         if item_id in self._items:
             raise RealtimeError(f"Item '{item_id}' already exists.", "duplicate_item_id", "item.id")
-        self._check_unanswered(len(text), "item")
+        self._check_unanswered("item")
         self._add_turn(text)
         self._add_item(_user_message(item_id, {"type": "input_text", "text": text}))
         self.send("conversation.item.done", previous_item_id=None, item=self._items[item_id])
@@ -515,9 +512,9 @@ class RealtimeConnection:
             await self.session.respond()
         except SessionError as e:
             if e.code == "no_input":  # nothing was waiting after all (the session answered it)
-                self._unanswered = self._unanswered_chars = 0
+                self._unanswered = 0
             raise
-        self._unanswered = self._unanswered_chars = 0  # all of it is answered now
+        self._unanswered = 0  # all of it is answered now
 
     async def _response_cancel(self, message: dict[str, Any]) -> None:
         assert self.session is not None
@@ -560,7 +557,7 @@ class RealtimeConnection:
                 "Error committing input audio buffer: buffer too small. Expected at least 100ms of audio.",
                 "input_audio_buffer_commit_empty",
             )
-        self._check_unanswered(0, None)
+        self._check_unanswered(None)
         audio, self._buffer, self._buffered = np.concatenate(self._buffer), [], 0
         item_id = f"item_audio_{next(self._text_items)}"
         self.user_item(item_id, committed=True)
