@@ -68,7 +68,7 @@ SETTLE_S = 30.0  # longest wait for closed sessions to give back their tasks and
 # what the child `duplex serve` takes from the bench's configuration
 MODEL_KEYS = (
     "asr", "vad", "voice", "llm", "llm_dtype", "llm_quantization", "llm_execution",
-    "llm_max_tokens", "cache_dir", "asr_workers",
+    "llm_max_tokens", "llm_max_context", "cache_dir", "asr_workers",
 )  # fmt: skip
 # the server's figures, from /metrics: name, scale
 WATCHED = {
@@ -424,7 +424,7 @@ async def long_session(
 ) -> dict[str, Any]:
     questions = await asyncio.to_thread(_questions, config)
     v2v: list[tuple[float, float]] = []  # (minute, ms) of each reply
-    steps: list[dict[str, float]] = []  # and its steps (endpoint_ms, asr_final_ms, ...)
+    steps: list[dict[str, float]] = []  # and its steps (endpoint_ms, asr_final_ms, ...) and prompt
     rss: list[tuple[float, float]] = []  # (minute, server RSS MB) at each question
     chunk = RUNTIME_RATE // 50 * 2  # 20 ms of PCM16
     async with DuplexClient(f"127.0.0.1:{server.grpc_port}") as client:
@@ -435,7 +435,9 @@ async def long_session(
             async for event in conversation:
                 if event.WhichOneof("event") == "metrics":
                     v2v.append(((time.monotonic() - start) / 60, event.metrics.voice_to_voice_ms))
-                    steps.append(dict(event.metrics.steps_ms))
+                    m = event.metrics
+                    tokens = {"prompt_tokens": m.prompt_tokens, "cached_tokens": m.cached_tokens}
+                    steps.append(dict(m.steps_ms) | tokens)
 
         reader = asyncio.create_task(read(), name="soak-reader")
         pending, asked, sent = b"", 0, 0
@@ -462,12 +464,29 @@ async def long_session(
         "questions": asked,
         "replies": len(turns),
         "v2v_ms_by_turn": [[round(t, 2), round(m, 1)] for t, m in v2v],
+        "prompt_tokens_by_turn": [t["prompt_tokens"] for t in turns],  # the context each reply attends over
+        "ms_per_1000_context_tokens": _context_cost(turns),
         "v2v_ms": percentiles([m for _, m in v2v]),
         "v2v_median_first_quarter_ms": by_quarter["voice_to_voice_ms"][0],
         "v2v_median_last_quarter_ms": by_quarter["voice_to_voice_ms"][-1],
         "median_ms_by_quarter": by_quarter,  # the turn and each of its steps: where any growth is
         "rss_mb_by_question": [[round(t, 2), m] for t, m in rss],
     }
+
+
+def _context_cost(turns: list[dict[str, float]]) -> dict[str, float | None]:
+    """Least-squares slope of each latency against the reply's prompt length, in ms per
+    1,000 tokens: what a longer conversation costs, apart from how long the session ran
+    (they separate when the context is full and the oldest turns are dropped)."""
+    if len(turns) < 3 or len({t["prompt_tokens"] for t in turns}) < 2:
+        return {}
+    names = ("voice_to_voice_ms", "llm_first_token_ms", "first_phrase_ms", "tts_first_audio_ms")
+    out: dict[str, float | None] = {}
+    for name in names:
+        pairs = np.array([(t["prompt_tokens"], t[name]) for t in turns if name in t], dtype=float)
+        slope = np.polyfit(pairs[:, 0], pairs[:, 1], 1)[0] if len(pairs) > 2 else None
+        out[name] = None if slope is None else round(float(slope) * 1000, 1)
+    return out
 
 
 def _by_quarter(turns: list[dict[str, float]]) -> dict[str, list[float | None]]:
@@ -552,9 +571,16 @@ def plot(result: dict[str, Any]) -> None:
             ax.plot(series[:, 0], series[:, column] - before[key], ".-", label=label)
         save_plot(fig, ax, "soak_cycles", "Connect/disconnect on 5 transports", "growth", xlabel="cycle")
     if "long_session" in result and result["long_session"]["v2v_ms_by_turn"]:
-        turns = np.array(result["long_session"]["v2v_ms_by_turn"])
+        session = result["long_session"]
+        turns = np.array(session["v2v_ms_by_turn"])
         fig, ax = new_plot()
         ax.plot(turns[:, 0], turns[:, 1], ".-", label="voice-to-voice")
+        if len(session.get("prompt_tokens_by_turn", ())) == len(turns):
+            context = ax.twinx()
+            tokens = session["prompt_tokens_by_turn"]
+            context.plot(turns[:, 0], tokens, "--", color="grey", label="prompt tokens")
+            context.set_ylabel("prompt tokens")
+            context.legend(loc="upper right")
         save_plot(fig, ax, "soak_long", "One session, a question every 30 s", "ms", xlabel="minute")
 
 

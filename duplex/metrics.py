@@ -62,12 +62,29 @@ THREADS = Gauge("duplex_threads", "threads alive in the server process (read at 
 THREADS.set_function(threading.active_count)
 
 
-def observe_turn(breakdown_ms: dict[str, float]) -> None:
+PROMPT_TOKENS = Counter(
+    "duplex_llm_prompt_tokens_total",
+    "replies' prompt tokens: 'cached' were in the KV cache (the session's own or the prefix cache), "
+    "'prefilled' were computed for the reply",
+    ["source"],
+)
+CONTEXT_TOKENS = Histogram(
+    "duplex_llm_context_tokens",
+    "a reply's prompt in tokens: the conversation the LLM attends over",
+    buckets=(64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768),
+)
+
+
+def observe_turn(breakdown_ms: dict[str, float], prompt_tokens: int, cached_tokens: int) -> None:
     for name, value in breakdown_ms.items():
         if name == "voice_to_voice_ms":
             VOICE_TO_VOICE.observe(value / 1000)
         else:
             TURN_STEP.labels(name.removesuffix("_ms")).observe(value / 1000)
+    if prompt_tokens:
+        PROMPT_TOKENS.labels("cached").inc(cached_tokens)
+        PROMPT_TOKENS.labels("prefilled").inc(prompt_tokens - cached_tokens)
+        CONTEXT_TOKENS.observe(prompt_tokens)
 
 
 class LoopLag:

@@ -567,9 +567,11 @@ class Session(SessionPort):
     def began(self, reply: Reply) -> None:
         self._quick_onsets(True)
         breakdown = reply.times.breakdown_ms()
-        metrics.observe_turn(breakdown)
-        log.info("session %s: %s began", self.id, reply.id, extra={"fields": breakdown})
-        self._emit(ev.METRICS, response_id=reply.id, **breakdown)
+        stats = self.conversation.last  # this reply's prompt (its first token came before its audio)
+        tokens = {"prompt_tokens": stats.prompt_tokens, "cached_tokens": stats.cached_tokens}
+        metrics.observe_turn(breakdown, stats.prompt_tokens, stats.cached_tokens)
+        log.info("session %s: %s began", self.id, reply.id, extra={"fields": breakdown | tokens})
+        self._emit(ev.METRICS, response_id=reply.id, **breakdown, **tokens)
 
     async def played_out(self, reply: Reply) -> None:
         if self._reply is reply and reply.error is not None:  # failed: keep what was heard

@@ -17,7 +17,8 @@ divergence, and only the rest is prefilled.
 
 Long sessions: when a prompt would not leave room for a reply, the oldest turns are
 dropped (the system prompt stays) until the history fills at most half the context,
-so the one re-prefill this costs happens rarely.
+so the one re-prefill this costs happens rarely, and while the caller speaks: the
+first prefill of words that would not leave room makes it.
 """
 
 from __future__ import annotations
@@ -190,9 +191,12 @@ class Conversation:
         async with self._lock:
             if mine != self._prefill_wanted:
                 return TurnStats()  # newer words (or the turn's end) came while waiting
-            target = self._prompt(self.format.encode(text), close=False)
-            if len(target) + 1 > self.engine.config.max_model_len:
-                return TurnStats()  # the final turn will make room
+            tokens = self.format.encode(text)
+            try:  # room made now is re-prefilled while the caller speaks, not after
+                self._make_room(tokens)
+            except LlmError:
+                return TurnStats()  # the words alone are too long: the turn will say so
+            target = self._prompt(tokens, close=False)
             stats = TurnStats()
             async for _ in self._run(target, stats, max_tokens=1):
                 pass

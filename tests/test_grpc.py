@@ -116,6 +116,7 @@ async def test_a_spoken_question_gets_a_spoken_reply(served, tts_engine):
     assert sum(len(a.data) for a in audio) / 2 / tts_engine.sample_rate >= 1.0
     (metrics,) = caller.of("metrics")
     assert metrics.voice_to_voice_ms > 0 and "llm_first_token_ms" in metrics.steps_ms
+    assert 0 <= metrics.cached_tokens < metrics.prompt_tokens
     kinds = [t.kind for t in caller.of("turn")]
     assert kinds == [Kind.SPEECH_STARTED, Kind.SPEECH_STOPPED, Kind.RESPONSE_STARTED, Kind.RESPONSE_DONE]
     assert len(sessions) == 0

@@ -8,7 +8,7 @@ import time
 import pytest
 import pytest_asyncio
 
-from models.conversation import MAX_USER_CHARS, Conversation
+from models.conversation import MAX_USER_CHARS, Conversation, Turn
 from models.kv_stream import KvStream
 from models.llm_types import LlmError
 
@@ -251,6 +251,28 @@ async def test_long_sessions_drop_the_oldest_turns(llm_engine):
         assert len(conversation.history_tokens()) < limit
     assert conversation.dropped_turns > 0
     assert conversation.messages()[0]["role"] == "system"
+    assert conversation.history_tokens() == template_tokens(conversation)
+
+
+async def test_a_full_context_is_made_room_for_while_the_caller_speaks(llm_engine):
+    """The one re-prefill that dropping the oldest turns costs happens on the words
+    prefilled while the caller speaks; the reply at the end of the turn sends only its
+    tail. (Before: prefills stopped when the context was full and the reply re-prefilled
+    the shortened history after the caller had finished.)"""
+    conversation = Conversation(llm_engine)
+    config = llm_engine.config
+    said, answered = "Please remember that the blue box is on the shelf.", "I will remember the blue box."
+    while len(conversation.history_tokens()) < config.max_model_len - config.max_tokens - 8:
+        conversation.turns.append(
+            Turn(said, conversation.format.encode(said), "", answered, conversation.format.encode(answered))
+        )
+    stats = await conversation.prefill("Where is the blue")
+    assert conversation.dropped_turns > 0
+    assert len(conversation.history_tokens()) <= (config.max_model_len - config.max_tokens) // 2
+    assert stats.prefilled_tokens > len(conversation.history_tokens()) - BLOCK  # the shortened history, now
+    reply = await say(conversation, "Where is the blue box?")
+    assert reply.strip()
+    assert conversation.last.prefilled_tokens < BLOCK  # the last word, the turn's end and the header
     assert conversation.history_tokens() == template_tokens(conversation)
 
 

@@ -97,6 +97,9 @@ async def test_a_turn_shows_in_get_metrics(engines, tts_engine):
             assert samples(await scrape(), "duplex_sessions_active")[("duplex_sessions_active",)] >= 1
             question = speech(tts_engine, "What is the capital city of France?")
             await caller.play(session, [Silence(0.2), Speak(question), UntilReplyDone(timeout=30)])
+            middle = await scrape()
+            again = speech(tts_engine, "And what about Italy?")
+            await caller.play(session, [Silence(0.5), Speak(again), UntilReplyDone(timeout=30)])
             await sessions.close_all()
             after = await scrape()
     finally:
@@ -104,12 +107,24 @@ async def test_a_turn_shows_in_get_metrics(engines, tts_engine):
     count = "duplex_voice_to_voice_seconds_count"
     v2v_before = samples(before, "duplex_voice_to_voice_seconds")[(count,)]
     v2v_after = samples(after, "duplex_voice_to_voice_seconds")[(count,)]
-    assert v2v_after == v2v_before + 1
+    assert v2v_after == v2v_before + 2
     steps = samples(after, "duplex_turn_step_seconds")
     for step in ("endpoint", "asr_final", "llm_first_token", "first_phrase", "tts_first_audio", "send"):
         assert steps[("duplex_turn_step_seconds_count", step)] >= 1
-    (metrics,) = caller.of_type(ev.METRICS)  # the same figures, as the client's event
-    assert metrics.data["voice_to_voice_ms"] > 0
+    first, second = (m.data for m in caller.of_type(ev.METRICS))  # the same figures, as the client's events
+    assert first["voice_to_voice_ms"] > 0 and second["voice_to_voice_ms"] > 0
+    # the prompt of each reply: the second attends over the first exchange, whose KV it
+    # reused (from the session's stream, or to the last whole 32-token block from vLLM's
+    # prefix cache if a revised word made the stream start again)
+    assert 0 <= first["cached_tokens"] < first["prompt_tokens"] < second["prompt_tokens"]
+    assert first["prompt_tokens"] - 32 < second["cached_tokens"] < second["prompt_tokens"]
+
+    def counted(text: str, source: str) -> float:
+        return samples(text, "duplex_llm_prompt_tokens").get(("duplex_llm_prompt_tokens_total", source), 0.0)
+
+    for m, (a, b) in zip((first, second), ((before, middle), (middle, after)), strict=True):
+        assert counted(b, "cached") - counted(a, "cached") == m["cached_tokens"]
+        assert counted(b, "prefilled") - counted(a, "prefilled") == m["prompt_tokens"] - m["cached_tokens"]
 
 
 async def test_connections_before_their_session_hold_places_and_give_them_back(engines):

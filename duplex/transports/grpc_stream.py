@@ -92,7 +92,13 @@ def server_event(event: Event) -> pb.ServerEvent | None:
     if event.type == ev.METRICS:
         steps = {k: float(v) for k, v in d.items() if k.endswith("_ms") and k != "voice_to_voice_ms"}
         voice = float(d.get("voice_to_voice_ms", 0.0))  # a reply to text input has none
-        metrics = pb.Metrics(response_id=d["response_id"], voice_to_voice_ms=voice, steps_ms=steps)
+        metrics = pb.Metrics(
+            response_id=d["response_id"],
+            voice_to_voice_ms=voice,
+            steps_ms=steps,
+            prompt_tokens=d.get("prompt_tokens", 0),
+            cached_tokens=d.get("cached_tokens", 0),
+        )
         return pb.ServerEvent(metrics=metrics)
     if event.type == ev.ERROR:
         return pb.ServerEvent(error=pb.Error(code=d["error"]["code"], message=d["error"]["message"]))
