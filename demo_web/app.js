@@ -22,6 +22,7 @@ const demo = (window.duplexDemo = {
   latencies: [], // duplex.turn.metrics events
   audioReceivedMs: 0, // received audio louder than -40 dBFS
   errors: [],
+  micHelp: null, // what the page tells the user when the browser hides the microphone
   events: [], // the last 500 events, as received
   recording: null, // with ?record=1: async () => {mimeType, data: base64 WebM/Opus}
   stats: null, // async () => the received audio's WebRTC statistics (jitter buffer, concealment)
@@ -42,8 +43,10 @@ async function waitUntilReady() {
     try {
       body = await (await fetch("/healthz", { cache: "no-store" })).json();
     } catch (err) { /* not up yet */ }
-    $("service").textContent = `service ${body.status}`;
-    $("service").className = `badge ${body.status}`;
+    if ($("service").textContent !== `service ${body.status}`) { // a live region: announce changes only
+      $("service").textContent = `service ${body.status}`;
+      $("service").className = `badge ${body.status}`;
+    }
     if (body.status === "ready") return;
     await new Promise((resolve) => setTimeout(resolve, 1000));
   }
@@ -94,10 +97,76 @@ async function start() {
     $("text").disabled = $("send").disabled = false;
   } catch (err) {
     stop(null);
-    showError(`Could not connect: ${err.message || err}`);
+    showError(`Could not connect: ${connectError(err)}`);
   } finally {
     $("talk").disabled = false;
   }
+}
+
+function connectError(err) {
+  if (err.name === "NotAllowedError") {
+    return "the microphone was refused to this page. Allow it (the icon in the address bar) "
+      + "and press Start talking again.";
+  }
+  if (err.name === "NotFoundError") return "no microphone was found. Connect one and press Start talking again.";
+  if (err.name === "NotReadableError") return "the microphone is in use by another program, or failed to start.";
+  return err.message || String(err);
+}
+
+// -- the microphone: browsers offer it to secure origins only (https, localhost) --
+
+function microphoneHelp() {
+  if (navigator.mediaDevices && navigator.mediaDevices.getUserMedia) return false;
+  const help = $("mic-help");
+  const para = (...parts) => {
+    const p = document.createElement("p");
+    p.append(...parts);
+    return p;
+  };
+  const list = (...items) => {
+    const ul = document.createElement("ul");
+    for (const parts of items) {
+      const li = document.createElement("li");
+      li.append(...parts);
+      ul.append(li);
+    }
+    return ul;
+  };
+  const code = (text) => {
+    const c = document.createElement("code");
+    c.textContent = text;
+    return c;
+  };
+  if (window.isSecureContext) {
+    help.replaceChildren(para(
+      "This browser offers no microphone access to web pages (navigator.mediaDevices is missing). ",
+      "Open this page in a current Chrome, Firefox, Edge or Safari.",
+    ));
+  } else {
+    const port = location.port || (location.protocol === "https:" ? "443" : "80");
+    const local = `http://localhost:${port}${location.pathname}${location.search}`;
+    const link = document.createElement("a");
+    link.href = local;
+    link.textContent = local;
+    help.replaceChildren(
+      para(
+        "The microphone is not available: this page was opened from ", code(location.origin),
+        ", which the browser does not count as secure, so it hides the microphone from the page.",
+      ),
+      para("To talk to the assistant, open it from a secure origin instead:"),
+      list(
+        ["on the machine that runs duplex: ", link, " (localhost counts as secure);"],
+        [
+          "from another machine: forward the port (", code(`ssh -L ${port}:localhost:${port} THAT-MACHINE`),
+          ") and open the same localhost address;",
+        ],
+        ["or serve it behind HTTPS (a reverse proxy with a certificate)."],
+      ),
+    );
+  }
+  help.hidden = false;
+  demo.micHelp = help.innerText;
+  return true;
 }
 
 function iceGathered(peer, ms) {
@@ -144,15 +213,19 @@ function onEvent(event) {
     case "input_audio_buffer.speech_started":
       userLine(event.item_id, "…", false);
       break;
-    case "conversation.item.input_audio_transcription.delta":
-      userLine(event.item_id, event.delta, false);
+    case "conversation.item.input_audio_transcription.delta": { // each adds to the line
+      const sofar = demo.transcripts.find((t) => t.itemId === event.item_id);
+      userLine(event.item_id, (sofar && sofar.text !== "…" ? sofar.text : "") + event.delta, false);
       break;
+    }
     case "conversation.item.input_audio_transcription.completed":
       userLine(event.item_id, event.transcript, true);
       break;
     case "response.created":
-      demo.assistantTurns.push({ responseId: event.response_id, itemId: event.item_id, text: "", heard: null, status: "in_progress" });
       setState("thinking");
+      break;
+    case "response.output_item.added": // the reply's item: its text and audio follow
+      demo.assistantTurns.push({ responseId: event.response_id, itemId: event.item.id, text: "", heard: null, status: "in_progress" });
       break;
     case "response.output_audio_transcript.delta":
       withTurn(event.item_id, (turn) => { turn.text += event.delta; });
@@ -165,13 +238,21 @@ function onEvent(event) {
     case "duplex.response.resumed":
       setState("speaking");
       break;
-    case "conversation.item.truncated":
+    case "duplex.item.heard": // a reply cut by a barge-in, as far as it was heard: after its response.done
       withTurn(event.item_id, (turn) => { turn.heard = event.transcript; });
+      announce(`assistant:${event.item_id}`, event.transcript ? `Assistant, cut off: ${event.transcript}` : "Assistant, cut off");
       break;
-    case "response.done":
-      withTurn(event.item_id, (turn) => { turn.status = event.status; });
+    case "response.done": {
+      const itemId = event.response.output.length ? event.response.output[0].id : null;
+      withTurn(itemId, (turn) => {
+        turn.status = event.response.status;
+        if (turn.status === "cancelled" || !turn.text) return; // a cut reply is announced as heard
+        const who = turn.status === "completed" ? "Assistant" : `Assistant (${turn.status})`;
+        announce(`assistant:${itemId}`, `${who}: ${turn.text}`);
+      });
       if (demo.state !== "listening") setState("listening");
       break;
+    }
     case "error":
       demo.errors.push(event.error);
       showError(`${event.error.code}: ${event.error.message}`);
@@ -198,8 +279,10 @@ function line(itemId, who) {
 
 function userLine(itemId, text, final) {
   let entry = demo.transcripts.find((t) => t.itemId === itemId);
+  if (entry && entry.final && !final) return; // a late delta does not reopen a finished line
   if (!entry) demo.transcripts.push((entry = { itemId, text, final }));
   Object.assign(entry, { text, final });
+  if (final) announce(`user:${itemId}`, `You: ${text}`);
   const li = line(itemId, "user");
   li.classList.toggle("partial", !final);
   li.replaceChildren(label("you"), document.createTextNode(text));
@@ -219,6 +302,20 @@ function withTurn(itemId, change) {
     parts.push(document.createTextNode(turn.heard), cut);
   }
   li.replaceChildren(...parts);
+}
+
+// The conversation list changes with every word, so it is not a live region: screen
+// readers hear each finished line once, from a polite log that receives only those.
+const announced = new Set(); // keys of the lines already announced
+const ANNOUNCED_KEPT = 20; // older ones leave the (invisible) log: removals are not announced
+
+function announce(key, text) {
+  if (announced.has(key)) return;
+  announced.add(key);
+  const entry = document.createElement("p");
+  entry.textContent = text;
+  $("lines").append(entry);
+  while ($("lines").childElementCount > ANNOUNCED_KEPT) $("lines").firstElementChild.remove();
 }
 
 function label(who) {
@@ -317,7 +414,9 @@ $("text-form").addEventListener("submit", (event) => {
   $("text").value = "";
 });
 
+const noMicrophone = microphoneHelp();
 waitUntilReady().then(() => {
+  if (noMicrophone) return; // Start talking stays off; the notice says what to do
   $("talk").disabled = false;
   if (params.get("autostart") === "1") start();
 });

@@ -64,11 +64,18 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.add_argument("--json", action="store_true", help="print the prepared models as JSON")
     prepare.add_argument("--no-progress", action="store_true", help="no progress bar")
     prepare.add_argument("--verify", action="store_true", help="also load the LLM in vLLM and chat once")
-    transcribe = sub.add_parser("transcribe", help="print the transcript of a WAV file")
+    transcribe = sub.add_parser("transcribe", help="print the transcript of an audio file")
     _add_config_flags(transcribe, ("asr", "vad", "asr_workers", "log_level"))
-    transcribe.add_argument("file", type=Path, help="WAV file (PCM or float, any rate)")
+    transcribe.add_argument(
+        "file", type=Path, help="audio file: WAV, FLAC, MP3, Ogg, M4A... (any format FFmpeg reads, any rate)"
+    )
     transcribe.add_argument(
         "--partials", action="store_true", help="stream it through VAD and streaming ASR; partials to stderr"
+    )
+    show = sub.add_parser("config", help="print the configuration that serve would use, as TOML")
+    _add_config_flags(show, list(FIELDS))
+    show.add_argument(
+        "--example", action="store_true", help="print every key, its default and help (deploy/duplex.toml)"
     )
     say = sub.add_parser("say", help="synthesize speech to a WAV file")
     _add_config_flags(say, ("voice", "log_level"))
@@ -173,6 +180,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             from duplex.client_cli import run
 
             return asyncio.run(run(args, args.token or config.auth_token))
+        if args.command == "config":
+            from duplex.config_example import example, render
+
+            print(example() if args.example else render(config, "as loaded"), end="")
+            return 0
         if args.command == "bench":
             return _bench(config, args)
         return _prepare(config, cache_dir, args)

@@ -1,4 +1,9 @@
-"""`Engines`: the four model engines a process shares among all its sessions."""
+"""`Engines`: the four model engines a process shares among all its sessions.
+
+Loading them is the longer part of the start-up: each is a phase of the `Startup`
+given (``load_vad``, ``load_asr``, ``load_tts``, then the LLM's, which vLLM's engine
+core reports through its log lines: `duplex.startup.VllmPhaseTap`).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from duplex.config import Config
+from duplex.logs import route_vllm_logs
+from duplex.startup import Startup, VllmPhaseTap, phase
 from models.asr import AsrEngine
 from models.handoff import in_daemon_thread
 from models.llm import LlmEngine
@@ -28,35 +35,48 @@ class Engines:
         cache_dir: Path | None = None,
         deterministic_tts: bool = False,
         loaded: Callable[[str], None] = lambda component: None,
+        startup: Startup | None = None,
     ) -> Engines:
         """Load every engine from the configured (and prepared) models, off the event
-        loop; ``loaded`` is called with "vad", "asr", "tts" and "llm" as each is up."""
+        loop; ``loaded`` is called with "vad", "asr", "tts" and "llm" as each is up, and
+        ``startup`` follows the phases. vLLM's log lines go through this process's
+        logging (`route_vllm_logs`)."""
         from models.cache import configure_engine_caches, default_cache_dir
         from models.prepare import ModelChoice, model_path, prepare
 
         if cache_dir is None:
             cache_dir = default_cache_dir() if config.cache_dir is None else Path(config.cache_dir)
         configure_engine_caches(cache_dir)
-        vad = await in_daemon_thread(lambda: VadEngine(model_path(config, "vad")), "load-vad")
+        route_vllm_logs(config.log_level, config.log_format, cache_dir / "logging")
+        with phase(startup, "load_vad"):
+            vad = await in_daemon_thread(lambda: VadEngine(model_path(config, "vad")), "load-vad")
         loaded("vad")
         engines: list[VadEngine | AsrEngine | TtsEngine] = [vad]
         try:
-            asr = await in_daemon_thread(
-                lambda: AsrEngine(model_path(config, "asr"), workers=config.asr_workers), "load-asr"
-            )
+            with phase(startup, "load_asr"):
+                asr = await in_daemon_thread(
+                    lambda: AsrEngine(model_path(config, "asr"), workers=config.asr_workers), "load-asr"
+                )
             engines.append(asr)
             loaded("asr")
-            tts = await in_daemon_thread(
-                lambda: TtsEngine(model_path(config, "voice"), deterministic=deterministic_tts), "load-tts"
-            )
+            with phase(startup, "load_tts"):
+                tts = await in_daemon_thread(
+                    lambda: TtsEngine(model_path(config, "voice"), deterministic=deterministic_tts),
+                    "load-tts",
+                )
             engines.append(tts)
             loaded("tts")
-            choice = ModelChoice("llm", config.llm, config.llm_quantization)
-            llm_path = (
-                await in_daemon_thread(lambda: prepare([choice], cache_dir, progress=False), "load-llm")
-            )[0].path
-            llm = LlmEngine(config.llm_config(llm_path))
-            await llm.start()
+            with phase(startup, "llm_engine"):
+                choice = ModelChoice("llm", config.llm, config.llm_quantization)
+                llm_path = (
+                    await in_daemon_thread(lambda: prepare([choice], cache_dir, progress=False), "load-llm")
+                )[0].path
+                llm = LlmEngine(config.llm_config(llm_path))
+                if startup is None:
+                    await llm.start()
+                else:
+                    with VllmPhaseTap(startup):  # the phases end with the last one vLLM began
+                        await llm.start()
             loaded("llm")
         except BaseException:
             for engine in engines:

@@ -25,7 +25,7 @@ ERROR = "error"
 STATE = "duplex.state"  # the session's state machine moved
 RESUMED = "duplex.response.resumed"  # a false interruption: the reply goes on where it paused
 METRICS = "duplex.turn.metrics"  # per-turn latency breakdown
-DTMF = "duplex.input.dtmf"  # the caller pressed a key (telephony)
+DTMF = "input_audio_buffer.dtmf_event_received"  # the caller pressed a key (telephony): event, received_at
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The HTTP listener: demo page, health, metrics (transports add their routes here)."""
+"""The HTTP listener: demo page, health and probes, metrics (transports add their routes here)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,16 @@ from aiohttp.typedefs import Middleware
 from duplex.config import Config
 from duplex.health import Readiness
 
-DEMO_DIR = Path(__file__).resolve().parent.parent / "demo_web"
+# the page: package data beside this module when installed from a wheel (setup.py puts
+# it there), else the checkout's demo_web/ (a checkout, an editable install)
+_PACKAGED_PAGE = Path(__file__).resolve().parent / "demo_web"
+DEMO_DIR = _PACKAGED_PAGE if _PACKAGED_PAGE.is_dir() else Path(__file__).resolve().parent.parent / "demo_web"
 READINESS: web.AppKey[Readiness] = web.AppKey("readiness", Readiness)
 # the demo's page and static files are not secret (the page sends its own URL's ?token=
 # with every API call); the Twilio stream checks its token itself: Twilio cannot send
-# query strings on stream URLs, so it also comes as a start message parameter
-PUBLIC_PATHS = ("/healthz", "/", "/telephony/twilio")
+# query strings on stream URLs, so it also comes as a start message parameter; the
+# probes, like /healthz, are public: a kubelet's or load balancer's check sends no token
+PUBLIC_PATHS = ("/healthz", "/livez", "/readyz", "/", "/telephony/twilio")
 PUBLIC_PREFIX = "/static/"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -47,6 +51,19 @@ def _auth_middleware(token: str) -> Middleware:
 async def healthz(request: web.Request) -> web.Response:
     readiness = request.app[READINESS]
     return web.json_response(readiness.snapshot(), status=200 if readiness.ready else 503)
+
+
+async def livez(request: web.Request) -> web.Response:
+    """The process answers (200 from the moment it listens, while the models load)."""
+    return web.json_response({"status": "alive"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    """Calls may begin now: 200; else 503 with the reason (starting, restarting, ...)."""
+    readiness = request.app[READINESS]
+    if readiness.ready:
+        return web.json_response({"status": "ready"})
+    return web.json_response({"status": readiness.status, "reason": readiness.reason()}, status=503)
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -110,6 +127,8 @@ def build_http_app(config: Config, readiness: Readiness) -> web.Application:
     app = web.Application(client_max_size=config.max_message_bytes, middlewares=middlewares)
     app[READINESS] = readiness
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/livez", livez)
+    app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/", index)
     # aiohttp's static route resolves each path and refuses anything outside the

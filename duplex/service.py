@@ -1,11 +1,12 @@
 """`Service`: the listeners, model preparation and the shutdown path of `duplex serve`.
 
 Start-up order: the configured model paths are checked synchronously (a bad path
-fails before any port opens), then the HTTP and gRPC listeners start and answer
-``/healthz`` with 503, then models are prepared in a child process (a GGUF LLM is
-converted there once; the server process never imports transformers), and each
-component turns ready. SIGINT/SIGTERM set the stop event; `stop` then ends the
-preparation child and both listeners within ``shutdown_timeout_s``.
+fails before any port opens), then the HTTP and gRPC listeners start (``/livez``
+answers 200 from then on) and answer ``/healthz`` and ``/readyz`` with 503, then
+models are prepared in a child process (a GGUF LLM is converted there once; the
+server process never imports transformers), and each component turns ready.
+SIGINT/SIGTERM set the stop event; `stop` then ends the preparation child and both
+listeners within ``shutdown_timeout_s``.
 
 Once prepared, the engines are loaded in this process (the LLM's vLLM engine core in
 its own child), and each component turns ready as its engine is up; transports open
@@ -13,6 +14,10 @@ sessions through `Sessions`, which refuses them until then. `EngineWatch` then k
 the engines running (a dead one is restarted; health says so meanwhile). Shutdown
 refuses new sessions first, tells every live session why it ends and closes it, then
 stops the engines.
+
+Each phase of the start-up (`duplex.startup.PHASES`) is logged with its elapsed time
+as it ends and shown in ``/healthz`` as it happens; on a terminal a progress bar
+follows them.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import logging
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -34,8 +40,10 @@ from duplex.engines import Engines
 from duplex.events import SessionError
 from duplex.health import ComponentState, Readiness
 from duplex.http_app import build_http_app
-from duplex.metrics import LoopLag
+from duplex.logs import json_output
+from duplex.metrics import LoopLag, set_build_info
 from duplex.sessions import Sessions
+from duplex.startup import Startup, wants_progress
 from duplex.transports.grpc_server import GrpcListener
 from duplex.transports.realtime import RealtimeEndpoint
 from duplex.transports.sip import SipListener
@@ -64,7 +72,8 @@ class Service:
     def __init__(self, config: Config, cache_dir: Path) -> None:
         self.config = config
         self.cache_dir = cache_dir
-        self.readiness = Readiness(list(COMPONENTS.values()))
+        self.startup = Startup(progress=wants_progress(config.log_format, sys.stderr))
+        self.readiness = Readiness(list(COMPONENTS.values()), self.startup)
         self.stopped = asyncio.Event()
         self.exit_code = 0
         self.sessions = Sessions(config.max_sessions, config.session_idle_timeout_s, config.max_session_s)
@@ -82,6 +91,7 @@ class Service:
 
     async def start(self) -> None:
         check_models(model_choices(self.config))  # fail fast, before binding
+        set_build_info()
         app = build_http_app(self.config, self.readiness)
         set_host_addresses(self.config.webrtc_hosts)
         self.webrtc.routes(app)
@@ -137,7 +147,7 @@ class Service:
             if choice.value is not None:
                 args += [f"--{choice.stage}", choice.value]
         args += ["--llm-quantization", self.config.llm_quantization]
-        log.info("preparing models (a GGUF LLM is converted once, ~30 s)")
+        self.startup.begin("prepare")
         self._child = await asyncio.create_subprocess_exec(
             *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
         )
@@ -152,6 +162,7 @@ class Service:
             ready = [(COMPONENTS[item["stage"]], item) for item in prepared]
         except (ValueError, KeyError, TypeError) as e:
             return self._prepare_failed(f"unreadable result from duplex prepare: {e}")
+        self.startup.end(_prepared_detail(prepared))
         # the public /healthz names each model, never where it lives on this machine
         details = {component: Path(item["path"]).name for component, item in ready}
         for _, item in ready:
@@ -162,10 +173,13 @@ class Service:
             log.info("engine ready", extra={"fields": {"component": component}})
 
         try:
-            self.engines = await Engines.start(self.config, self.cache_dir, loaded=loaded)
+            self.engines = await Engines.start(
+                self.config, self.cache_dir, loaded=loaded, startup=self.startup
+            )
         except Exception as e:  # a model that prepared but does not load
             log.exception("loading the models failed")
             return self._prepare_failed(f"loading the models failed: {e}")
+        self.startup.finish()
         self.sessions.attach(self.engines)
         watch = EngineWatch(self.engines, self.readiness, self.sessions, self._give_up)
         self._engine_watch = asyncio.create_task(watch.run(), name="engine-watch")
@@ -177,6 +191,8 @@ class Service:
         self.stopped.set()
 
     def _prepare_failed(self, message: str) -> None:
+        self.startup.end("failed")
+        self.startup.finish()
         for component in COMPONENTS.values():  # the reason (paths and all) goes to the log only
             self.readiness.set(component, ComponentState.FAILED, "model preparation failed (see the log)")
         log.error("model preparation failed: %s", message)
@@ -186,6 +202,8 @@ class Service:
     async def stop(self) -> None:
         """Stop everything within ``shutdown_timeout_s``; safe to call twice."""
         timeout = self.config.shutdown_timeout_s
+        self.readiness.shut_down()  # /readyz 503 from now on
+        self.startup.close()
         self.sessions.set_unavailable(SessionError("shutting_down", "the server is shutting down"))
         await self._loop_lag.stop()
         if self._prepare_task is not None and not self._prepare_task.done():
@@ -224,12 +242,31 @@ class Service:
             await child.wait()
 
 
+def _prepared_detail(prepared: list[dict[str, Any]]) -> str:
+    """What preparing did to the LLM, for the phase's detail (no paths: ``/healthz`` is
+    public)."""
+    llm = next((item for item in prepared if item.get("stage") == "llm"), {})
+    action = str(llm.get("action", ""))
+    if action == "converted":
+        return f"LLM converted in {llm.get('seconds', 0.0):.1f} s"
+    return {"reused": "LLM converted earlier, reused", "found": "LLM ready", "hub": "LLM from the hub"}.get(
+        action, action
+    )
+
+
 def _log_task_error(task: asyncio.Task[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.error("background task failed", exc_info=task.exception())
 
 
 async def serve(config: Config, cache_dir: Path) -> int:
+    if config.log_format != "json":
+        return await _serve(config, cache_dir)
+    with json_output([config.auth_token or ""]):  # every line out, the engine core's too
+        return await _serve(config, cache_dir)
+
+
+async def _serve(config: Config, cache_dir: Path) -> int:
     service = Service(config, cache_dir)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -182,9 +182,10 @@ class Session(SessionPort):
         await self._answer("", TurnTimes(final=time.monotonic()))
 
     def dtmf(self, digit: str) -> None:
-        """The caller pressed a key on the phone: told to the client as an event."""
+        """The caller pressed a key on the phone: told to the client as an event, in the
+        Realtime API's shape (the key, and the Unix time it came in whole seconds)."""
         self.touch()
-        self._emit(ev.DTMF, digit=digit)
+        self._emit(ev.DTMF, event=digit, received_at=int(time.time()))
 
     async def cancel(self) -> None:
         """The client cancels the reply in progress (kept as far as it was heard)."""
@@ -208,6 +209,23 @@ class Session(SessionPort):
         kept = self.ledger.truncate(response_id, max(0, audio_end_ms) * rate // 1000)
         self.conversation.truncate(response_id, self.ledger.heard_text(response_id))
         return kept * 1000 // rate
+
+    async def forget(
+        self, response_id: str | None, user_text: str | None = None, reply: bool = False
+    ) -> None:
+        """A client deleted an item: one of its user messages (``user_text``, as given:
+        in the turn the reply ``response_id`` answered, or still waiting for an answer
+        if None) or the reply ``response_id`` itself. It leaves the history, and the KV
+        follows at the next turn. The reply it belongs to stops first if still going."""
+        self.touch()
+        if response_id is None:
+            if user_text in self._unanswered:
+                self._unanswered.remove(user_text)
+            return
+        if self._reply is not None and self._reply.id == response_id:
+            await self._stop_reply()
+            self.machine.to(State.LISTENING)
+        self.conversation.forget(response_id, user_text, reply)
 
     def configure(self, changes: dict[str, object]) -> None:
         """Change turn-taking settings while the session runs (`SessionConfig.RUNTIME_KEYS`);
@@ -455,11 +473,20 @@ class Session(SessionPort):
         self.machine.to(State.RESPONDING if self._reply is not None else State.LISTENING)
 
     def _transcript_done(self, text: str, event: ListenEvent) -> None:
+        usage = {"type": "duration", "seconds": self._heard_s(event)}
         if not self.config.word_times or event.result is None:
-            self._emit(ev.TRANSCRIPT_DONE, item_id=self._user_item, transcript=text)
+            self._emit(ev.TRANSCRIPT_DONE, item_id=self._user_item, transcript=text, usage=usage)
         else:
             words = word_times_ms(event.result.committed)
-            self._emit(ev.TRANSCRIPT_DONE, item_id=self._user_item, transcript=text, words=words)
+            self._emit(ev.TRANSCRIPT_DONE, item_id=self._user_item, transcript=text, usage=usage, words=words)
+
+    def _heard_s(self, event: ListenEvent) -> float:
+        """Seconds of audio the final pass transcribed: from the utterance's start (less
+        the listener's preroll) to the end of what it saw."""
+        assert self._listener is not None
+        end = event.result.audio_end if event.result is not None else event.position
+        start = max(0, self._utterance_start - self._listener.preroll)
+        return round(max(0, end - start) / RUNTIME_RATE, 3)
 
     def _resume(self) -> None:
         reply = self._reply

@@ -10,6 +10,9 @@ stream before its ``SessionConfig``) holds a place meanwhile (`hold`), so socket
 never begin a session cannot pile up beyond the limit either. While the LLM is out
 (`set_unavailable`), new sessions are refused with a typed error. At shutdown every
 session is closed before the engines stop.
+
+``/metrics`` counts the sessions open by transport (`transport_of`: the name of the
+wire its sink writes) and the refusals by error code.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import logging
 import time
 from collections.abc import Iterator
 
+from duplex import metrics
 from duplex.engines import Engines
 from duplex.events import SessionError
 from duplex.session import Session
@@ -28,6 +32,14 @@ from duplex.supervise import every
 from duplex.transports.port import SessionPort, Sink, Voice
 
 log = logging.getLogger("duplex.sessions")
+
+
+def transport_of(sink: Sink) -> str:
+    """The transport a session's sink belongs to: the name its wire gives (an
+    `OutputStage` around a transport's `Wire`); anything else (a benchmark's or a test's
+    own sink) is in-process."""
+    name = getattr(getattr(sink, "wire", None), "transport", None)
+    return name if name in metrics.TRANSPORTS else "in-process"
 
 
 class Sessions:
@@ -39,7 +51,9 @@ class Sessions:
         self.unavailable: SessionError | None = None  # why new sessions are refused (an engine is out)
         self._open: set[Session] = set()
         self._opened_at: dict[Session, float] = {}
+        self._transport: dict[Session, str] = {}
         self._held = 0  # connections holding a place before their session (`hold`)
+        self._names: dict[str, Session] = {}  # a call's own id (Twilio CallSid, SIP Call-ID) -> its session
         self._watchdog: asyncio.Task[None] | None = None
 
     def __len__(self) -> int:
@@ -58,9 +72,9 @@ class Sessions:
         caller holds a place already, `hold`). The voice sessions speak with, if there
         is room."""
         if self.engines is None:
-            raise SessionError("not_ready", "the models are still loading; try again shortly")
+            raise _refused(SessionError("not_ready", "the models are still loading; try again shortly"))
         if self.unavailable is not None:
-            raise self.unavailable
+            raise _refused(self.unavailable)
         self._check_places(taken=len(self._open) + self._held - holding)
         return Voice(self.engines.tts.name, self.engines.tts.sample_rate)
 
@@ -79,8 +93,10 @@ class Sessions:
 
     def _check_places(self, taken: int) -> None:
         if taken >= self.max_sessions:
-            raise SessionError(
-                "too_many_sessions", f"the server is at its limit of {self.max_sessions} sessions"
+            raise _refused(
+                SessionError(
+                    "too_many_sessions", f"the server is at its limit of {self.max_sessions} sessions"
+                )
             )
 
     async def open(self, sink: Sink, config: SessionConfig | None = None, holding: bool = False) -> Session:
@@ -90,6 +106,8 @@ class Sessions:
         session = Session(self.engines, sink, config)
         self._open.add(session)
         self._opened_at[session] = time.monotonic()
+        self._transport[session] = transport = transport_of(sink)
+        metrics.SESSIONS_OPEN.labels(transport).inc()
         try:
             await session.start()
         except BaseException:
@@ -99,12 +117,26 @@ class Sessions:
             self._watchdog = asyncio.create_task(self._watch(), name="sessions-watchdog")
         return session
 
+    def name(self, session: SessionPort, call_id: str) -> None:
+        """The call's own id names the session too (`find`), while it is open."""
+        found = next((s for s in self._open if s.id == session.id), None)
+        if found is not None and call_id and call_id not in self._names:
+            self._names[call_id] = found
+
+    def find(self, name: str) -> Session | None:
+        """An open session by its id, or by its call's own id (`name`)."""
+        found = self._names.get(name) or next((s for s in self._open if s.id == name), None)
+        return found if found is not None and found in self._open else None
+
     async def close(self, session: SessionPort) -> None:
         """Close one of these sessions (idempotent)."""
         found = next((s for s in self._open if s.id == session.id), None)  # a transport holds a port
         if found is not None:
             self._open.discard(found)
             self._opened_at.pop(found, None)
+            metrics.SESSIONS_OPEN.labels(self._transport.pop(found, "in-process")).dec()
+            for name in [n for n, s in self._names.items() if s is found]:
+                del self._names[name]
             await found.close()
 
     async def close_all(self, reason: SessionError | None = None) -> None:
@@ -136,3 +168,9 @@ class Sessions:
                 continue
             session.send_error(error)
             await self.close(session)
+
+
+def _refused(error: SessionError) -> SessionError:
+    """Count a refusal (``duplex_sessions_refused_total``) of a session not begun."""
+    metrics.SESSIONS_REFUSED.labels(error.code).inc()
+    return error

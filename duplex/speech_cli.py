@@ -9,9 +9,10 @@ import time
 
 import numpy as np
 
+from audio_io.decode import AudioFileError, decode_audio
 from audio_io.pcm import RUNTIME_RATE
 from audio_io.resample import resample
-from audio_io.wav import WavError, read_wav, write_wav
+from audio_io.wav import write_wav
 from duplex.config import Config
 from models.prepare import model_path
 
@@ -22,11 +23,10 @@ def transcribe(config: Config, args: argparse.Namespace) -> int:
     from models.asr import AsrEngine
 
     try:
-        samples, rate = read_wav(args.file)
-    except (WavError, OSError) as e:
+        audio = decode_audio(args.file, SAMPLE_RATE)  # any format FFmpeg reads, WAV included
+    except AudioFileError as e:
         print(f"duplex: error: {e}", file=sys.stderr)
         return 2
-    audio = resample(samples, rate, SAMPLE_RATE)
     asr = AsrEngine(model_path(config, "asr"), workers=config.asr_workers)
     try:
         if args.partials:

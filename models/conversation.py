@@ -271,3 +271,29 @@ class Conversation:
         turn.reply_tokens = turn.reply_tokens[:keep] + self.format.encode(heard[len(kept_text) :])
         turn.reply_text = heard
         return True
+
+    def forget(self, turn_id: str, user_text: str | None = None, reply: bool = False) -> bool:
+        """Take a client's deleted item out of the turn ``turn_id``: one of the user
+        messages it answered (``user_text``, as it was given: a turn's question is its
+        messages joined by newlines) and/or its reply. A turn left with neither goes;
+        one left with one keeps the other, beside an empty message. Earlier turns may
+        change too (a client deletes what it likes): the KV follows at the next turn,
+        as the history no longer starts with what the stream holds. Whether anything
+        was taken out."""
+        turn = next((t for t in self.turns if t.id == turn_id), None)
+        if turn is None or (self._replying and turn is self.turns[-1]):
+            return False  # dropped to make room, never recorded, or still being generated
+        changed = False
+        if user_text is not None:
+            lines, gone = turn.user_text.split("\n"), user_text.split("\n")
+            at = next((i for i in range(len(lines)) if lines[i : i + len(gone)] == gone), None)
+            if at is not None:
+                turn.user_text = "\n".join(lines[:at] + lines[at + len(gone) :]).strip()
+                turn.user_tokens = self.format.encode(turn.user_text) if turn.user_text else []
+                changed = True
+        if reply and (turn.reply_text or turn.reply_tokens):
+            turn.reply_text, turn.reply_tokens = "", []
+            changed = True
+        if not turn.user_text and not turn.reply_tokens:
+            self.turns.remove(turn)
+        return changed

@@ -3,6 +3,12 @@ playwright-core from tests/e2e/) share a network namespace that holds only loopb
 so nothing leaves the machine. Chromium's fake microphone plays a WAV of synthesized
 speech; the page's `window.duplexDemo`, the audio it received and a screenshot come
 back from tests/e2e/demo.mjs. Screenshots are kept in tests/artifacts/.
+
+The page's accessibility is checked on the way: axe-core (from npm, tests/e2e) runs the
+WCAG 2 A/AA rules (names and labels, ARIA, colour contrast) on the page as it opens,
+while a caller's words are being heard and when the turn is over; and every addition to
+a live region is recorded, so that each finished line is seen to be announced once and
+the words streaming in are not announced at all.
 """
 
 from __future__ import annotations
@@ -53,7 +59,8 @@ class Namespace:
         self.port = free_port()  # any port: the namespace's loopback is empty
         self.url = f"http://127.0.0.1:{self.port}"
         self._log = log.open("w")
-        command = duplex_command("serve", "--port", str(self.port), "--grpc-port", str(free_port()))
+        self.grpc_port = free_port()
+        command = duplex_command("serve", "--port", str(self.port), "--grpc-port", str(self.grpc_port))
         self.server = subprocess.Popen(
             self.enter(*command), env=env, stdout=self._log, stderr=subprocess.STDOUT
         )
@@ -126,13 +133,51 @@ def fake_mic(path: Path, tts_engine, *parts: str | float) -> Path:
     return path
 
 
-def browse(ns: Namespace, wav: Path, out: Path, *options: str) -> dict:
+def browse(ns: Namespace, wav: Path, out: Path, *options: str, url: str | None = None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
-    url = f"{ns.url}/?autostart=1&record=1&processing=0"
+    url = url or f"{ns.url}/?autostart=1&record=1&processing=0"
     ns.run("node", str(E2E / "demo.mjs"), url, str(wav), str(out), *options, timeout=240, cwd=E2E)
     result = json.loads((out / "result.json").read_text())
     assert result["ok"], result
     return result
+
+
+def assert_accessible(result: dict) -> None:
+    """No axe-core violation of the WCAG 2 A/AA rules in any of the page's states that
+    were checked, with the rules that matter here among those that ran and passed."""
+    assert result["axe"], "axe-core did not run"
+    for moment, axe in result["axe"].items():
+        assert axe["violations"] == [], (moment, axe["violations"])
+        assert {"color-contrast", "aria-allowed-attr", "button-name"} <= set(axe["passes"]), moment
+    if "partial" in result["axe"]:
+        assert result["axe"]["partial"]["partial"], "no line was being heard while axe ran"
+        assert "label" in result["axe"]["finished"]["passes"]  # the message box has its label
+
+
+def assert_each_finished_line_announced_once(demo: dict) -> None:
+    """The polite log (#lines) receives each finished line once, in order, and nothing
+    else; the conversation list, which changes with every word, is not a live region;
+    no other live region repeats itself."""
+    assert not demo["conversationLive"]
+    said = [a["text"] for a in demo["announcements"] if a["region"] == "lines"]
+    finals = [f"You: {t['text']}" for t in demo["transcripts"] if t["final"]]
+    replies = []
+    for turn in demo["assistantTurns"]:
+        if turn["status"] == "cancelled" and turn["heard"] is not None:  # what was heard of it
+            replies.append(f"Assistant, cut off: {turn['heard']}" if turn["heard"] else "Assistant, cut off")
+        elif turn["status"] == "completed" and turn["text"]:
+            replies.append(f"Assistant: {turn['text']}")
+        elif turn["status"] not in ("cancelled", "in_progress") and turn["text"]:
+            replies.append(f"Assistant ({turn['status']}): {turn['text']}")
+    assert [s for s in said if s.startswith("You: ")] == finals, said
+    assert [s for s in said if s.startswith("Assistant")] == replies, said
+    assert len(said) == len(finals) + len(replies), said  # no partial words, no repeats
+    others: dict[str, list[str]] = {}
+    for a in demo["announcements"]:
+        if a["region"] != "lines":
+            others.setdefault(a["region"], []).append(a["text"])
+    for region, texts in others.items():
+        assert all(a != b for a, b in zip(texts, texts[1:], strict=False)), (region, texts)
 
 
 def received(result: dict) -> tuple[np.ndarray, int]:
@@ -180,6 +225,8 @@ def test_a_spoken_question_in_the_browser_gets_a_spoken_reply(served, tts_engine
     assert wer([(turn["text"], heard)]) <= 0.3, (turn["text"], heard)
     (latency,) = demo["latencies"]
     assert latency["voice_to_voice_ms"] > 0 and "llm_first_token_ms" in latency
+    assert_accessible(result)
+    assert_each_finished_line_announced_once(demo)
     ARTIFACTS.mkdir(exist_ok=True)
     shutil.copy(tmp_path / "out" / "page.png", ARTIFACTS / "demo_turn.png")
 
@@ -201,7 +248,8 @@ def test_barge_in_in_the_browser_cuts_the_reply_to_what_was_heard(served, tts_en
     assert cut["text"].startswith(cut["heard"]) and len(cut["heard"]) < len(cut["text"])
     assert demo["cutShown"]  # the page struck the unheard part through
     (truncated,) = [e for e in demo["events"] if e["type"] == "conversation.item.truncated"]
-    assert truncated["transcript"] == cut["heard"]
+    (heard,) = [e for e in demo["events"] if e["type"] == "duplex.item.heard"]  # the API's event has no text
+    assert heard["item_id"] == truncated["item_id"] and heard["transcript"] == cut["heard"]
     audio, rate = received(result)
     first = voiced_segments(audio, rate, gap_s=1.5)[0]  # the cut reply (its phrase gaps are shorter)
     span_ms = (first[1] - first[0]) / rate * 1000
@@ -217,6 +265,8 @@ def test_barge_in_in_the_browser_cuts_the_reply_to_what_was_heard(served, tts_en
     # the heard words must be how it begins
     assert wer([(" ".join(said), " ".join(words[: len(said)]))]) <= 0.4, (said, words)
     assert answer["status"] == "completed"
+    assert_accessible(result)  # the struck-through words included
+    assert_each_finished_line_announced_once(demo)  # the cut reply as heard
     ARTIFACTS.mkdir(exist_ok=True)
     shutil.copy(tmp_path / "out" / "page.png", ARTIFACTS / "demo_barge_in.png")
 
@@ -231,3 +281,25 @@ def test_a_tab_closed_mid_reply_ends_its_session_and_the_server_goes_on(served, 
         time.sleep(0.5)
     assert served.server.poll() is None
     assert json.loads(served.get("/healthz"))["status"] == "ready"
+
+
+def test_a_page_from_a_non_secure_origin_says_how_to_reach_the_microphone(served, tmp_path):
+    """Opened by a name (not localhost, not https), the page is not a secure context: the
+    browser hides the microphone (navigator.mediaDevices is undefined). The page says so,
+    and how to open it instead; Chromium resolves the name to the namespace's loopback."""
+    wav = tmp_path / "silence.wav"
+    write_wav(wav, np.zeros(RATE, np.int16), RATE)
+    url = f"http://duplex-demo.test:{served.port}/?autostart=1"
+    result = browse(served, wav, tmp_path / "out", "--no-microphone", url=url)
+    page = result["page"]
+    assert not page["secure"] and page["mediaDevices"] == "undefined"
+    assert page["helpVisible"] and page["talkDisabled"] and not page["connected"]
+    assert page["talkDescription"] == "mic-help"  # the disabled button points at the reason
+    help_text = " ".join(page["help"].split())
+    assert f"opened from http://duplex-demo.test:{served.port}," in help_text, help_text
+    assert "hides the microphone" in help_text and "HTTPS" in help_text
+    assert f"ssh -L {served.port}:localhost:{served.port}" in help_text
+    assert page["links"] == [f"http://localhost:{served.port}/?autostart=1"]
+    assert_accessible(result)
+    ARTIFACTS.mkdir(exist_ok=True)
+    shutil.copy(tmp_path / "out" / "page.png", ARTIFACTS / "demo_no_microphone.png")

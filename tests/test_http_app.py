@@ -46,7 +46,7 @@ async def test_demo_page_and_metrics_are_served(server):
     srv, _ = server
     async with ClientSession() as http:
         async with http.get(srv.make_url("/")) as r:
-            assert r.status == 200 and "<title>duplex</title>" in await r.text()
+            assert r.status == 200 and "<title>duplex voice demo</title>" in await r.text()
         async with http.get(srv.make_url("/metrics")) as r:
             assert r.status == 200 and "python_info" in await r.text()
 

@@ -1,6 +1,11 @@
 """``WS /v1/realtime`` with the official ``openai`` SDK's realtime client pointed at a
 local server (base URL on 127.0.0.1, a dummy key) and the real models; hostile clients
-on aiohttp and on bare sockets beside a session that keeps talking."""
+on aiohttp and on bare sockets beside a session that keeps talking; a client joined to
+a phone call (streamdouble's Twilio caller) by its CallSid.
+
+Every event any of these clients receives is checked against the openai SDK's own
+model for its type first (tests/realtime_shapes.py): the SDK does not validate what it
+receives, so without this a field gone missing or mistyped would pass unseen."""
 
 from __future__ import annotations
 
@@ -23,6 +28,10 @@ import pytest_asyncio
 from aiohttp.test_utils import TestServer
 from openai import AsyncOpenAI
 from prometheus_client import REGISTRY
+from streamdouble.protocol import StreamIdentity
+from streamdouble.scenario import Dtmf, Scenario, Wait, WaitFor
+from streamdouble.session import Session as Call
+from streamdouble.session import SessionConfig as CallConfig
 
 from audio_io.g711 import ulaw_decode, ulaw_encode
 from audio_io.pcm import RUNTIME_RATE
@@ -34,21 +43,34 @@ from duplex.metrics import LoopLag
 from duplex.sessions import Sessions
 from duplex.transports import realtime
 from duplex.transports.realtime import RealtimeEndpoint
+from duplex.transports.twilio import TwilioEndpoint
 from models.speech_set import wer
 from tests.conftest import speech
+from tests.realtime_shapes import check, checked_sdk
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
 
 QUESTION = "What is the largest ocean on Earth?"
 
 
+@pytest.fixture(autouse=True)
+def shapes() -> Any:
+    """Every event an SDK client receives here is checked (`check`) before it is parsed."""
+    with checked_sdk() as seen:
+        yield seen
+
+
 @contextlib.asynccontextmanager
-async def listening(engines: Any, config: Config) -> AsyncIterator[tuple[TestServer, Sessions]]:
-    """The Realtime endpoint on 127.0.0.1 with the real engines."""
+async def listening(
+    engines: Any, config: Config, phones: bool = False
+) -> AsyncIterator[tuple[TestServer, Sessions]]:
+    """The Realtime endpoint on 127.0.0.1 with the real engines (and Twilio's, if ``phones``)."""
     sessions = Sessions(config.max_sessions, config.session_idle_timeout_s)
     sessions.attach(engines)
     app = build_http_app(config, Readiness(["llm"]))
     RealtimeEndpoint(config, sessions).routes(app)
+    if phones:
+        TwilioEndpoint(config, sessions).routes(app)
     server = TestServer(app, host="127.0.0.1")
     await server.start_server()
     try:
@@ -121,7 +143,7 @@ async def talk(conn: Any, audio: bytes, seconds_of_silence: float = 1.5, ulaw: b
         await asyncio.sleep(0.1)
 
 
-async def test_a_spoken_question_gets_a_spoken_reply_with_transcripts(served, tts_engine, asr_engine):
+async def test_a_spoken_question_gets_a_spoken_reply_with_transcripts(served, tts_engine, asr_engine, shapes):
     client, sessions = served
     async with client.realtime.connect(model="duplex") as conn:
         first = await conn.recv()
@@ -133,6 +155,7 @@ async def test_a_spoken_question_gets_a_spoken_reply_with_transcripts(served, tt
         seen = await events_until(conn, "response.done")
         await talking
     kinds = [e.type for e in seen]
+    assert shapes[: len(kinds) + 1] == ["session.created", *kinds]  # each checked as it came
     for kind in [
         "session.updated",
         "input_audio_buffer.speech_started",
@@ -147,6 +170,13 @@ async def test_a_spoken_question_gets_a_spoken_reply_with_transcripts(served, tt
         assert kind in kinds, kind
     (final,) = [e for e in seen if e.type == "conversation.item.input_audio_transcription.completed"]
     assert wer([(QUESTION, final.transcript)]) <= 0.2
+    # the seconds heard: the question's voice (VAD start to end) and a little around it,
+    # no more than the audio sent up to its end
+    (started,) = [e for e in seen if e.type == "input_audio_buffer.speech_started"]
+    (stopped,) = [e for e in seen if e.type == "input_audio_buffer.speech_stopped"]
+    voiced_s = (stopped.audio_end_ms - started.audio_start_ms) / 1000
+    assert final.usage.type == "duration"
+    assert voiced_s <= final.usage.seconds <= voiced_s + 1.0, (voiced_s, final.usage)
     (done,) = [e for e in seen if e.type == "response.done"]
     assert done.response.status == "completed"
     transcript = done.response.output[0].content[0].transcript
@@ -253,6 +283,8 @@ async def test_manual_turns_commit_then_response_create(served, tts_engine):
     assert kinds.index("input_audio_buffer.committed") < kinds.index("response.created")
     (final,) = [e for e in seen if e.type == "conversation.item.input_audio_transcription.completed"]
     assert wer([(QUESTION, final.transcript)]) <= 0.2
+    assert final.usage.type == "duration"  # the whole buffer committed was transcribed
+    assert final.usage.seconds == pytest.approx(len(audio) / 2 / 24000, abs=0.01)
     assert [e for e in seen if e.type == "response.done"][0].response.status == "completed"
     assert any(e.type == "response.output_audio.delta" for e in seen)
 
@@ -382,7 +414,7 @@ def read_until_close(sock: socket.socket) -> tuple[list[dict[str, Any]], int, by
         payload = exactly(n)
         if first & 0x0F == 8:
             return events, int.from_bytes(payload[:2], "big"), payload[2:]
-        events.append(json.loads(payload))
+        events.append(check(payload))
 
 
 async def closed_with(ws: aiohttp.ClientWebSocketResponse) -> tuple[int | None, list[dict[str, Any]]]:
@@ -391,14 +423,14 @@ async def closed_with(ws: aiohttp.ClientWebSocketResponse) -> tuple[int | None, 
     events = []
     async with asyncio.timeout(15):
         async for msg in ws:
-            events.append(json.loads(msg.data))
+            events.append(check(msg.data))
     return ws.close_code, events
 
 
 async def next_error(ws: aiohttp.ClientWebSocketResponse) -> dict[str, Any]:
     async with asyncio.timeout(15):
         while True:
-            event = await ws.receive_json()
+            event = check(await ws.receive_json())
             if event["type"] == "error":
                 return dict(event["error"])
 
@@ -548,7 +580,7 @@ async def binary_and_bad_json(port: int, config: Config) -> None:
             assert error["code"] == code, (message[:40], error)
         await ws.send_str(json.dumps({"type": "session.update", "session": {"instructions": "Hi."}}))
         async with asyncio.timeout(10):
-            while (await ws.receive_json())["type"] != "session.updated":
+            while check(await ws.receive_json())["type"] != "session.updated":
                 pass
 
 
@@ -565,7 +597,7 @@ async def text_piled_up(port: int, config: Config) -> None:
         seen: list[dict[str, Any]] = []
         async with asyncio.timeout(20):
             while sum(e["type"] == "error" for e in seen) < 5:
-                seen.append(await ws.receive_json())
+                seen.append(check(await ws.receive_json()))
     codes = [e["error"]["code"] for e in seen if e["type"] == "error"]
     assert codes == ["unanswered_input_limit"] * 4 + ["string_above_max_length"], codes
     users = [e for e in seen if e["type"] == "conversation.item.done" and e["item"]["role"] == "user"]
@@ -696,5 +728,124 @@ async def test_with_max_message_bytes_raised_an_append_over_15_mb_is_an_error_ev
         assert (await next_error(ws))["code"] == "audio_too_large"
         await ws.send_str(json.dumps({"type": "session.update", "session": {"instructions": "Hi."}}))
         async with asyncio.timeout(10):
-            while (await ws.receive_json())["type"] != "session.updated":
+            while check(await ws.receive_json())["type"] != "session.updated":
                 pass
+
+
+# -- conversation.item.retrieve / delete: a deleted item leaves the history and the KV --
+
+
+def said(session: Any) -> str:
+    """The session's conversation as the LLM has it: the history, and what its KV holds."""
+    conversation = session.conversation
+    tokenizer = conversation.engine.tokenizer
+    held = conversation._stream.tokens if conversation._stream is not None else []
+    history = tokenizer.decode(conversation.history_tokens())
+    return history + "\n---\n" + tokenizer.decode(held)
+
+
+async def test_items_are_retrieved_and_deleted_words_leave_the_history_and_the_kv(served):
+    client, sessions = served
+    async with client.realtime.connect(model="duplex") as conn:
+        await conn.recv()
+        (session,) = sessions._open
+        await ask_in_text(conn, "My name is Zebulon. Say hello to me.")
+        seen = await events_until(conn, "response.done")
+        (question,) = [e.item for e in seen if e.type == "conversation.item.done" and e.item.role == "user"]
+        (done,) = [e for e in seen if e.type == "response.done"]
+        reply = done.response.output[0]
+        assert "Zebulon" in said(session)
+        for item in (question, reply):
+            await conn.conversation.item.retrieve(item_id=item.id)
+            (got,) = [e for e in await events_until(conn, "conversation.item.retrieved") if e.type != "error"]
+            assert got.item.id == item.id and got.item.content == item.content
+        for verb in ("retrieve", "delete"):
+            await getattr(conn.conversation.item, verb)(item_id="item_nope")
+            error = (await conn.recv()).error
+            assert (error.type, error.code, error.param) == (
+                "invalid_request_error",
+                f"item_{verb}_invalid_item_id",
+                "item_id",
+            )
+        await conn.conversation.item.delete(item_id=reply.id)
+        assert (await conn.recv()).type == "conversation.item.deleted"
+        assert session.conversation.turns[-1].reply_text == "" and "Zebulon" in said(session)
+        await conn.conversation.item.delete(item_id=question.id)
+        deleted = await conn.recv()
+        assert (deleted.type, deleted.item_id) == ("conversation.item.deleted", question.id)
+        assert not session.conversation.turns
+        await conn.conversation.item.retrieve(item_id=question.id)  # gone for the client too
+        assert (await conn.recv()).error.code == "item_retrieve_invalid_item_id"
+
+        # a message waiting for response.create, deleted: nothing is left to answer
+        item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Zebulon!"}]}
+        await conn.conversation.item.create(item=item)
+        waiting = [e for e in await events_until(conn, "conversation.item.done")]
+        await conn.conversation.item.delete(item_id=waiting[-1].item.id)
+        assert (await conn.recv()).type == "conversation.item.deleted"
+        await conn.response.create()
+        assert (await conn.recv()).error.code == "no_input"
+
+        # a reply deleted while it plays: it stops (cut as heard), then it is gone
+        await ask_in_text(conn, "Tell me a long story about a dragon.")
+        seen = await events_until(conn, "response.output_audio.delta", count=25)
+        playing = next(e.item_id for e in seen if e.type == "response.output_audio.delta")
+        await conn.conversation.item.delete(item_id=playing)
+        seen = await events_until(conn, "conversation.item.deleted")
+        (stopped,) = [e for e in seen if e.type == "response.done"]
+        assert stopped.response.status == "cancelled"
+        assert session.conversation.turns[-1].reply_text == ""
+
+        # the next turn is built on what is left: no trace of the deleted words in its
+        # prompt, nor in the KV the session holds after it
+        await ask_in_text(conn, "What is my name?")
+        (done,) = [e for e in await events_until(conn, "response.done") if e.type == "response.done"]
+    assert done.response.status == "completed"
+    assert "Zebulon" not in said(session) and "What is my name?" in said(session)
+    await closed(sessions)
+
+
+# -- a client joined to a phone call (the GA API's sideband): key presses, steering --
+
+
+async def test_a_client_joined_to_a_call_hears_its_key_presses_and_steers_it(engines):
+    """A Twilio call (streamdouble, a Media Streams simulator) and an openai SDK client
+    joined to it by its CallSid (``realtime.connect(call_id=...)``): the client asks for
+    a greeting in text and the caller hears it; the caller presses 5 and # and the
+    client is told, in the API's shape; the call's end closes the joined socket."""
+    async with listening(engines, Config(max_sessions=4), phones=True) as (server, sessions):
+        client = sdk(server)
+        async with client.realtime.connect(call_id="CA_nobody") as conn:
+            refused = await conn.recv()
+        assert refused.type == "error" and refused.error.code == "call_not_found"
+        caller = Call(
+            f"ws://127.0.0.1:{server.port}/telephony/twilio",
+            scenario=Scenario(  # the greeting first (asked for by the joined client), then keys
+                "keys", [WaitFor("audio", 60), WaitFor("quiet", 60), Dtmf("5#"), Wait(1.0)]
+            ),
+            config=CallConfig(response_timeout_s=60.0, quiet_period_s=1.5, max_drain_s=40.0),
+            identity=StreamIdentity(call_sid="CA_keys"),
+        )
+        call = asyncio.create_task(caller.run())
+        async with asyncio.timeout(30):
+            while sessions.find("CA_keys") is None:  # noqa: ASYNC110 (the call's start: no event for it)
+                await asyncio.sleep(0.05)
+        before = int(time.time())
+        async with client.realtime.connect(call_id="CA_keys") as conn:
+            assert (await conn.recv()).type == "session.created"
+            await conn.input_audio_buffer.append(audio=base64.b64encode(b"\0\0" * 480).decode())
+            refused = await conn.recv()
+            assert refused.type == "error" and refused.error.code == "not_supported"  # the line's audio
+            await ask_in_text(conn, "Say hello to the caller.")
+            seen = await events_until(conn, "input_audio_buffer.dtmf_event_received", count=2, within=120)
+            async with asyncio.timeout(30):
+                seen += [event async for event in conn]  # until the call's end closes it
+        result = await call
+    (done,) = [e for e in seen if e.type == "response.done"]
+    assert done.response.status == "completed" and done.response.output[0].content[0].transcript
+    assert result.audio_received  # the caller heard the greeting
+    assert not [e for e in seen if e.type == "response.output_audio.delta"]  # the audio is the line's
+    keys = [e for e in seen if e.type == "input_audio_buffer.dtmf_event_received"]
+    assert [k.event for k in keys] == ["5", "#"]
+    assert all(before <= k.received_at <= time.time() for k in keys)
+    assert not sessions.find("CA_keys")

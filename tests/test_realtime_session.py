@@ -1,18 +1,25 @@
 """The Realtime API without a socket: the session object (what session.update may set,
 all or nothing), how a client event is read (`_parse`), the pace of a client's events,
-and the bounds on what one connection remembers."""
+the bounds on what one connection remembers, every server event's shape against the
+openai SDK's models (tests/realtime_shapes.py), and what a deleted item takes out of
+the session (against a recording port: the real session is in tests/test_realtime.py)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any, cast
 
+import numpy as np
 import pytest
 
 from duplex import events as ev
 from duplex.events import Event
 from duplex.transports import realtime
+from duplex.transports.output import Cursor
 from duplex.transports.realtime import Pace, RealtimeConnection, RealtimeWire
 from duplex.transports.realtime_config import MAX_ECHO_DEPTH, RealtimeError, RealtimeSessionConfig
+from duplex.transports.webrtc import PeerWire
+from tests.realtime_shapes import MODELS, ShapeError, check
 
 
 def nested(depth: int) -> list[Any]:
@@ -49,7 +56,8 @@ def test_an_update_changes_what_it_names_and_reports_the_whole_session():
         }
     )
     out = c.as_dict()
-    assert out["instructions"] == "Be kind." and out["id"] == "sess_1" and out["object"] == "realtime.session"
+    assert out["instructions"] == "Be kind." and out["type"] == "realtime"
+    check({"type": "session.updated", "event_id": "event_1", "session": out})  # the SDK's session shape
     assert out["audio"]["input"]["format"] == {"type": "audio/pcmu"}
     td = out["audio"]["input"]["turn_detection"]
     assert td["silence_duration_ms"] == 700 and td["create_response"] is True and td["threshold"] == 0.6
@@ -214,3 +222,221 @@ def test_a_connection_remembers_a_bounded_number_of_items_and_responses():
     last = 3 * realtime.MAX_ITEMS - 1
     assert connection._responses[f"resp_{last}"] == f"item_{last}"  # the latest can still be truncated
     assert f"item_{last}" in connection._items and "item_0" not in connection._items
+
+
+# -- every server event in the shape of the openai SDK's model for its type --
+
+
+def connection() -> tuple[RealtimeConnection, RealtimeWire]:
+    c = RealtimeConnection(cast(Any, None), RealtimeSessionConfig("sess_1", "joe", "", 100))
+    return c, RealtimeWire(c)
+
+
+def sent(c: RealtimeConnection) -> list[dict[str, Any]]:
+    return [json.loads(m) for m in c.outbox.take()]
+
+
+A_TURN = [
+    Event(ev.SPEECH_STARTED, {"item_id": "item_0", "audio_start_ms": 10}),
+    Event(ev.TRANSCRIPT_DELTA, {"item_id": "item_0", "delta": "Hel"}),
+    Event(ev.TRANSCRIPT_DELTA, {"item_id": "item_0", "delta": "Hello"}),
+    Event(ev.SPEECH_STOPPED, {"item_id": "item_0", "audio_end_ms": 900}),
+    Event(
+        ev.TRANSCRIPT_DONE,
+        {"item_id": "item_0", "transcript": "Hello.", "usage": {"type": "duration", "seconds": 1.36}},
+    ),
+    Event(ev.RESPONSE_CREATED, {"response_id": "resp_1", "item_id": "item_1"}),
+    Event(ev.TEXT_DELTA, {"response_id": "resp_1", "delta": "Hi there."}),
+    Event(ev.DTMF, {"event": "#", "received_at": 1_764_600_000}),
+    Event(ev.TRUNCATED, {"item_id": "item_1", "content_index": 0, "audio_end_ms": 300, "transcript": "Hi"}),
+    Event(ev.RESPONSE_DONE, {"response_id": "resp_1", "status": "cancelled"}),
+    Event(ev.RESPONSE_CREATED, {"response_id": "resp_2", "item_id": "item_2"}),
+    Event(ev.RESPONSE_DONE, {"response_id": "resp_2", "status": "completed"}),
+    Event(ev.STATE, {"state": "listening", "previous": "responding"}),  # duplex's own: not sent
+    Event(ev.ERROR, {"error": {"type": "invalid_request_error", "code": "bad_audio", "message": "x"}}),
+]
+
+
+def test_every_event_the_wire_makes_has_the_sdk_shape():
+    c, wire = connection()
+    c.send("session.created", session=c.config.as_dict())
+    for event in A_TURN:
+        wire.event(event)
+    c.outbox.put(wire.frame(np.zeros(480, np.int16), Cursor("resp_2")))
+    c.error(RealtimeError("No.", "invalid_value", "type"), "evt_client_1")
+    c.error(RealtimeError("Oops.", "server_error", kind="server_error"), None)
+    events = [check(e) for e in sent(c)]
+    kinds = [e["type"] for e in events]
+    assert not [k for k in kinds if k.startswith("duplex.")]
+    assert set(kinds) >= {
+        "session.created",
+        "input_audio_buffer.speech_started",
+        "input_audio_buffer.committed",
+        "conversation.item.added",
+        "conversation.item.input_audio_transcription.delta",
+        "conversation.item.input_audio_transcription.completed",
+        "conversation.item.done",
+        "response.created",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_audio_transcript.delta",
+        "response.output_audio.delta",
+        "input_audio_buffer.dtmf_event_received",
+        "conversation.item.truncated",
+        "response.output_audio.done",
+        "response.output_audio_transcript.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.done",
+        "error",
+    }
+    (completed,) = [e for e in events if e["type"].endswith("transcription.completed")]
+    assert completed["usage"] == {"type": "duration", "seconds": 1.36}  # the seconds heard, as told
+    deltas = [e["delta"] for e in events if e["type"].endswith("transcription.delta")]
+    assert deltas == ["Hel", "lo"]  # increments, as the API sends them
+    (keys,) = [e for e in events if e["type"] == "input_audio_buffer.dtmf_event_received"]
+    assert keys == {
+        "type": "input_audio_buffer.dtmf_event_received",
+        "event": "#",
+        "received_at": 1_764_600_000,
+    }
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        (lambda e: e.pop("audio_end_ms"), "audio_end_ms"),  # missing
+        (lambda e: e.update(audio_end_ms="300"), "audio_end_ms"),  # a string for an int
+        (lambda e: e.update(audio_end_ms=300.0), "audio_end_ms"),  # a float for an int
+        (lambda e: e.update(transcript="Hi"), "transcript"),  # made up (duplex's runtime event has it)
+        (lambda e: e.update(type="conversation.item.trunkated"), "duplex."),  # not an API event
+    ],
+)
+def test_the_shape_check_refuses_a_missing_mistyped_or_made_up_field(change, why):
+    good = {"type": "conversation.item.truncated", "event_id": "e1", "item_id": "i", "content_index": 0}
+    event = {**good, "audio_end_ms": 300}
+    check(event)
+    change(event)
+    with pytest.raises(ShapeError, match=why.replace(".", r"\.")):
+        check(event)
+
+
+def test_the_shape_check_looks_inside_nested_objects():
+    item = {"id": "i", "type": "message", "role": "user", "content": [{"type": "input_text", "text": "x"}]}
+    check({"type": "conversation.item.retrieved", "event_id": "e", "item": item})
+    nested = {**item, "content": [{"type": "input_text", "text": "x", "words": []}]}
+    with pytest.raises(ShapeError, match=r"content\[0\]\.words"):
+        check({"type": "conversation.item.retrieved", "event_id": "e", "item": nested})
+    with pytest.raises(ShapeError):  # an event_id is required on this one
+        check({"type": "conversation.item.retrieved", "item": item})
+    check({"type": "duplex.turn.metrics", "anything": 1})  # duplex's own: named so, exempt
+    assert "input_audio_buffer.dtmf_event_received" in MODELS and "conversation.item.deleted" in MODELS
+
+
+# -- what a deleted item takes out of the session --
+
+
+class Forgetting:
+    """A session port that records what it is told to forget (and takes text turns)."""
+
+    def __init__(self) -> None:
+        self.forgotten: list[tuple[str | None, str | None, bool]] = []
+        self.turns: list[str] = []
+
+    def add_turn(self, text: str) -> None:
+        self.turns.append(text)
+
+    async def forget(
+        self, response_id: str | None, user_text: str | None = None, reply: bool = False
+    ) -> None:
+        self.forgotten.append((response_id, user_text, reply))
+
+
+def text_item(text: str, item_id: str) -> str:
+    item = {
+        "id": item_id,
+        "type": "message",
+        "role": "user",
+        "content": [{"type": "input_text", "text": text}],
+    }
+    return json.dumps({"type": "conversation.item.create", "item": item})
+
+
+async def test_a_deleted_item_names_its_words_and_turn_and_unknown_ones_get_the_apis_error():
+    c, wire = connection()
+    port = Forgetting()
+    c.session = cast(Any, port)
+    await c.handle(text_item("  My name is Zed. ", "item_a"))
+    wire.event(Event(ev.SPEECH_STOPPED, {"item_id": "item_b", "audio_end_ms": 900}))
+    await c.handle(json.dumps({"type": "conversation.item.delete", "item_id": "item_b"}))  # not heard yet
+    wire.event(Event(ev.TRANSCRIPT_DONE, {"item_id": "item_b", "transcript": "Hello."}))
+    wire.event(Event(ev.RESPONSE_CREATED, {"response_id": "resp_1", "item_id": "item_1"}))  # answers a, b
+    wire.event(Event(ev.RESPONSE_DONE, {"response_id": "resp_1", "status": "completed"}))
+    await c.handle(text_item("Later.", "item_c"))  # waits for response.create
+    for item_id in ["item_c", "item_a", "item_1", "item_b", "item_a", "item_zz"]:
+        await c.handle(json.dumps({"type": "conversation.item.delete", "item_id": item_id}))
+    await c.handle(json.dumps({"type": "conversation.item.retrieve", "item_id": "item_1"}))
+    await c.handle(json.dumps({"type": "conversation.item.delete"}))
+    assert port.forgotten == [
+        (None, "Later.", False),  # still waiting: it leaves the session's unanswered input
+        ("resp_1", "My name is Zed.", False),  # as the session took it (stripped)
+        ("resp_1", None, True),
+        ("resp_1", "Hello.", False),
+    ]
+    events = [check(e) for e in sent(c)]
+    deleted = [e["item_id"] for e in events if e["type"] == "conversation.item.deleted"]
+    assert deleted == ["item_c", "item_a", "item_1", "item_b"]
+    errors = [(e["error"]["code"], e["error"]["param"]) for e in events if e["type"] == "error"]
+    assert errors == [
+        ("item_delete_in_progress", "item_id"),  # its transcript had not come yet
+        ("item_delete_invalid_item_id", "item_id"),  # deleted already
+        ("item_delete_invalid_item_id", "item_id"),  # never was
+        ("item_retrieve_invalid_item_id", "item_id"),
+        ("missing_required_parameter", "item_id"),
+    ]
+    assert not c._items and not c._texts and not c._turn_of and not c._waiting
+    assert c._unanswered == 1  # item_c's taken back; item_a's counted until a response.create (a bound)
+
+
+async def test_a_retrieved_item_is_the_item_as_the_client_was_told_it():
+    c, wire = connection()
+    for event in A_TURN:
+        wire.event(event)
+    told = [e for e in sent(c) if e["type"] == "conversation.item.done"]
+    for item in (t["item"] for t in told):
+        await c.handle(json.dumps({"type": "conversation.item.retrieve", "item_id": item["id"]}))
+    retrieved = [check(e) for e in sent(c)]
+    assert [e["type"] for e in retrieved] == ["conversation.item.retrieved"] * len(told)
+    assert [e["item"] for e in retrieved] == [t["item"] for t in told]
+    assert retrieved[0]["item"]["content"] == [{"type": "input_audio", "transcript": "Hello."}]
+
+
+class Channel:
+    """The ``events`` data channel of a peer connection: what was sent on it."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    def send(self, message: str) -> None:
+        self.sent.append(message)
+
+
+def test_the_webrtc_data_channel_sends_the_same_shapes_and_duplex_names_its_own():
+    channel = Channel()
+    wire = PeerWire(cast(Any, channel))
+    words = [{"word": "Hello.", "start_ms": 120, "end_ms": 560}]
+    timed = Event(ev.TRANSCRIPT_DONE, {"item_id": "item_3", "transcript": "Hello.", "words": words})
+    for event in [*A_TURN, Event(ev.METRICS, {"response_id": "resp_1", "voice_to_voice_ms": 500}), timed]:
+        assert wire.event(event) == []
+    events = [check(m) for m in channel.sent]
+    kinds = [e["type"] for e in events]
+    assert "response.output_item.added" in kinds and "input_audio_buffer.dtmf_event_received" in kinds
+    assert [k for k in kinds if k.startswith("duplex.")] == [
+        "duplex.item.heard",
+        "duplex.state",
+        "duplex.turn.metrics",
+        "duplex.item.words",
+    ]
+    (heard,) = [e for e in events if e["type"] == "duplex.item.heard"]
+    assert heard == {"type": "duplex.item.heard", "item_id": "item_1", "transcript": "Hi"}
+    assert events[-1] == {"type": "duplex.item.words", "item_id": "item_3", "words": words}

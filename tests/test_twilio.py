@@ -408,7 +408,7 @@ async def test_the_webhook_gives_twiml_and_the_stream_wants_the_token(engines, t
         scenario = Scenario("keys", [Wait(0.3), Dtmf("42#"), Wait(0.5)])
         config_ = call_config(custom_parameters={"token": "s3cret-token"}, quiet_period_s=0.5)
         await sd.run_scenario(f"ws://{base}/telephony/twilio", scenario, config=config_)
-        assert [e.data["digit"] for e in recorder.of(ev.DTMF)] == ["4", "2", "#"]
+        assert [e.data["event"] for e in recorder.of(ev.DTMF)] == ["4", "2", "#"]
     finally:
         await sessions.close_all()
         await server.close()

@@ -43,6 +43,7 @@ from duplex.transports.output import OutputStage
 from duplex.transports.webrtc import PeerWire, WebRtcEndpoint
 from models.speech_set import wer
 from tests.conftest import speech
+from tests.realtime_shapes import check
 from tests.webrtc_peer import Browser
 
 QUESTION = "What is the capital city of France?"
@@ -257,7 +258,9 @@ async def test_a_spoken_question_gets_a_spoken_reply(endpoint, engines, tts_engi
     (final,) = browser.of_type(ev.TRANSCRIPT_DONE)
     assert wer([(QUESTION, final["transcript"])]) <= 0.2
     said = "".join(e["delta"] for e in browser.of_type(ev.TEXT_DELTA))
-    assert done["status"] == "completed" and said
+    assert done["response"]["status"] == "completed" and said
+    for event in browser.events:  # each in the Realtime API's shape, or duplex's own (duplex.*)
+        check(event)
     assert browser.of_type(ev.METRICS)[0]["voice_to_voice_ms"] > 0
     reply = browser.audio(since=browser.mic.spoken_at[0])
     loud = np.abs(reply.astype(np.int32)) > 300
@@ -278,7 +281,7 @@ async def test_text_input_cancel_and_bad_control_messages(endpoint):
         await until(lambda: len(browser.of_type(ev.TEXT_DELTA)) > 0, within=30)
         browser.send({"type": "cancel"})
         (done,) = await browser.wait_for(ev.RESPONSE_DONE, within=30)
-        assert done["status"] == "cancelled"
+        assert done["response"]["status"] == "cancelled"
         browser.channel.send("{not json")
         browser.send({"type": "dance"})
         browser.send({"type": "config", "end_of_turn_ms": 50})

@@ -119,6 +119,8 @@ def server_event(event: Event) -> pb.ServerEvent | None:
 class GrpcWire:
     """A stream's output on the wire: reply audio in the client's format, events as messages."""
 
+    transport = "grpc"
+
     def __init__(self, output: WireFormat) -> None:
         self.output = output
         self.rate = output.sample_rate

@@ -16,6 +16,7 @@ queued and what a barge-in drops are the same for all of them.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -42,6 +43,8 @@ class Cursor:
 
 class Wire(Protocol[T]):
     """A transport's wire format for output (``T``: what its writer sends)."""
+
+    transport: str  # its name in /metrics (``duplex_sessions_open{transport}``)
 
     @property
     def rate(self) -> int:
@@ -75,6 +78,8 @@ class OutputStage(Generic[T]):
         self._frames = FrameResampler(wire.rate)
         self.cursor = Cursor()
         self.closed = False  # the connection is gone: nothing more is queued
+        # others told of each event too (a Realtime client joined to a call: ?call_id=); none may block
+        self.watchers: list[Callable[[Event], None]] = []
 
     def audio(self, frame: AudioFrame, response_id: str) -> None:
         if self.closed:
@@ -88,6 +93,8 @@ class OutputStage(Generic[T]):
     def event(self, event: Event) -> None:
         if self.closed:
             return
+        for watch in list(self.watchers):
+            watch(event)
         try:
             messages = self.wire.event(event)
         except (KeyError, TypeError, ValueError):  # a bug here must not break the session's tasks

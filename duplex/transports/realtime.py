@@ -6,12 +6,17 @@ client written for it can talk to this server (base URL on our host, any key unl
         input_audio_buffer.append ─► decode (pcm 24 kHz / pcmu / pcma) ─► Session
         conversation.item.create (text), commit ─► Session.add_turn; response.create ─► Session.respond
         conversation.item.truncate ─► Session.truncate (clamped to what was sent)
+        conversation.item.retrieve ─► the item, as this connection has told it
+        conversation.item.delete ─► Session.forget (its words leave the history and the KV)
         response.cancel ─► Session.cancel
     session events ─► `RealtimeWire` ─► GA server events (items, parts, deltas, done)
+    ?call_id=<a call> ─► `realtime_join`: a client joins a phone call's session (key presses)
 
-The runtime's events already carry the Realtime names; this module adds what the
-protocol wraps around them: item and response objects, content parts, base64 audio in
-the session's output format.
+The runtime's events already carry the Realtime names; duplex/transports/realtime_events.py
+adds what the protocol wraps around them: item and response objects, content parts,
+base64 audio in the session's output format. Items this connection does not know
+(never seen, or older than the `MAX_ITEMS` it remembers) are an ``invalid_request_error``,
+``item_retrieve_invalid_item_id`` / ``item_delete_invalid_item_id``, param ``item_id``.
 
 What one client may cost, and what it is told past that (every other session goes on):
 
@@ -47,7 +52,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import collections
 import itertools
 import json
 import logging
@@ -60,18 +64,24 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from prometheus_client import Counter
 
 from audio_io.frame import AudioFrame, Int16Array
-from audio_io.g711 import decode_wire, encode_wire
-from audio_io.outbox import Outbox
+from audio_io.g711 import decode_wire
 from audio_io.resample import Resampler
-from duplex import events as ev
 from duplex.config import Config
-from duplex.events import Event, SessionError
+from duplex.events import SessionError
 from duplex.session_config import MAX_SYSTEM_PROMPT, SessionConfig
 from duplex.sessions import Sessions
 from duplex.transports.link import CLOSE_TIMEOUT_S, SLICE_S, Link, send_all, websocket_link
-from duplex.transports.output import Cursor, OutputStage
+from duplex.transports.output import OutputStage
 from duplex.transports.port import SessionPort
 from duplex.transports.realtime_config import FORMATS, RealtimeError, RealtimeSessionConfig, shown
+from duplex.transports.realtime_events import (  # noqa: F401 (MAX_ITEMS, MAX_QUEUED: the bounds named here)
+    LAWS,
+    MAX_ITEMS,
+    MAX_QUEUED,
+    RealtimeItems,
+    RealtimeWire,
+    user_message,
+)
 
 log = logging.getLogger("duplex.realtime")
 
@@ -81,9 +91,7 @@ MAX_APPEND_CHARS = 4 * -(-MAX_APPEND_BYTES // 3)  # ... as base64
 MAX_EVENT_CHARS = MAX_APPEND_CHARS + 1024  # ... in its event (type, event_id): no valid event is longer
 THREAD_APPEND_CHARS = 64 * 1024  # an append longer (~1 s of audio) decodes off the loop: ~20 ms per MiB
 RUNTIME_INPUT_RATE = 16000
-MAX_QUEUED = 2000  # events waiting for a client that does not read
 MAX_BUFFER_S = 300  # manual turns: input audio held until commit
-MAX_ITEMS = 1000  # conversation items (and responses) remembered, for truncate and previous_item_id
 MAX_UNANSWERED = 16  # user messages waiting for response.create (their text: `Session.add_turn`)
 MAX_ITEM_ID = 64  # characters of a client's item id
 EVENT_RATE = 2000.0  # client events a second, sustained: 40x a client streaming 20 ms appends
@@ -96,9 +104,6 @@ EVENTS = Counter("duplex_realtime_events_total", "client events read on /v1/real
 RATE_LIMITED = Counter("duplex_realtime_rate_limited_total", "Realtime clients closed for sending too fast")
 # an oversized event's type, read without decoding it: clients (the openai SDK) write it first
 _TYPE_AT_START = re.compile(r'\s*\{\s*"type"\s*:\s*"([\w.]{1,64})"')
-
-
-LAWS = {"audio/pcmu": "ulaw", "audio/pcma": "alaw", "audio/pcm": None}  # for decode_wire
 
 
 def _decode(audio: bytes, kind: str) -> Int16Array:
@@ -154,113 +159,14 @@ class Pace:
         return 0.0 if self.over_since is None else now - self.over_since
 
 
-def _user_message(item_id: str, part: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "id": item_id,
-        "object": "realtime.item",
-        "type": "message",
-        "status": "completed",
-        "role": "user",
-        "content": [part],
-    }
-
-
-class RealtimeWire:
-    """A connection's output on the wire: runtime events and audio as GA server events
-    (sent through the connection's bookkeeping of items and responses)."""
-
-    def __init__(self, connection: RealtimeConnection) -> None:
-        self.connection = connection
-        self._transcripts: dict[str, str] = {}  # response id -> text so far (one reply at a time)
-        self._partial = ("", "")  # the user item being transcribed, and its transcript deltas sent
-
-    @property
-    def rate(self) -> int:
-        return FORMATS[self.connection.config.output_format["type"]]
-
-    def frame(self, samples: Int16Array, cursor: Cursor) -> list[str]:
-        c = self.connection
-        c.config.audio_started = True
-        law = LAWS[c.config.output_format["type"]]
-        data = base64.b64encode(encode_wire(samples, law)).decode()
-        return [c.message("response.output_audio.delta", **c.part(cursor.response_id), delta=data)]
-
-    def end_reply(self, cursor: Cursor, completed: bool) -> list[str]:
-        return []
-
-    def flushed(self) -> list[str]:
-        return []
-
-    def event(self, event: Event) -> list[str]:
-        """Sent as they are made (`RealtimeConnection.send`): nothing returned."""
-        c, d = self.connection, event.data
-        if event.type == ev.SPEECH_STARTED:
-            c.send(
-                "input_audio_buffer.speech_started", audio_start_ms=d["audio_start_ms"], item_id=d["item_id"]
-            )
-        elif event.type == ev.SPEECH_STOPPED:
-            c.send("input_audio_buffer.speech_stopped", audio_end_ms=d["audio_end_ms"], item_id=d["item_id"])
-            c.user_item(d["item_id"], committed=True)
-        elif event.type == ev.TRANSCRIPT_DELTA:
-            item, sent = self._partial
-            sent = sent if item == d["item_id"] else ""  # user turns come one after another
-            if d["delta"].startswith(sent) and len(d["delta"]) > len(sent):  # deltas only append
-                c.send(
-                    "conversation.item.input_audio_transcription.delta",
-                    item_id=d["item_id"],
-                    content_index=0,
-                    delta=d["delta"][len(sent) :],
-                )
-                self._partial = (d["item_id"], d["delta"])
-        elif event.type == ev.TRANSCRIPT_DONE:
-            self._partial = ("", "")
-            c.user_item(d["item_id"], committed=True)
-            c.send(
-                "conversation.item.input_audio_transcription.completed",
-                item_id=d["item_id"],
-                content_index=0,
-                transcript=d["transcript"],
-                usage={"type": "duration", "seconds": 0},
-            )
-            c.item_done(d["item_id"], "user", [{"type": "input_audio", "transcript": d["transcript"]}])
-        elif event.type == ev.RESPONSE_CREATED:
-            c.response_created(d["response_id"], d["item_id"])
-        elif event.type == ev.TEXT_DELTA:
-            self._transcripts[d["response_id"]] = self._transcripts.get(d["response_id"], "") + d["delta"]
-            c.send("response.output_audio_transcript.delta", **c.part(d["response_id"]), delta=d["delta"])
-        elif event.type == ev.RESPONSE_DONE:
-            c.response_done(d["response_id"], d["status"], self._transcripts.pop(d["response_id"], ""))
-        elif event.type == ev.TRUNCATED:
-            c.truncated(d["item_id"], d["audio_end_ms"])
-        elif event.type == ev.ERROR:
-            error = d["error"]
-            c.send(
-                "error",
-                error={
-                    "type": error.get("type", "invalid_request_error"),
-                    "code": error["code"],
-                    "message": error["message"],
-                    "param": None,
-                    "event_id": None,
-                },
-            )
-        return []
-
-
-class RealtimeConnection:
-    """One WebSocket: its session settings, its items, and the events to send."""
-
-    _events = itertools.count()
+class RealtimeConnection(RealtimeItems):
+    """One WebSocket: its session settings, its items, and the client's events."""
 
     def __init__(self, ws: web.WebSocketResponse, config: RealtimeSessionConfig) -> None:
+        super().__init__(config)
         self.ws = ws
-        self.config = config
         self.session: SessionPort | None = None
-        self.outbox: Outbox[str] = Outbox(max_control=MAX_QUEUED)  # a client that reads nothing gets no more
-        # the latest MAX_ITEMS items and responses, for truncate and previous_item_id
-        self._items: dict[str, dict[str, Any]] = {}  # by item id, as the client sees them
-        self._order: collections.deque[str] = collections.deque()
-        self._responses: dict[str, str] = {}  # response id -> its item id, oldest first
+        self.joined = False  # a client joined to a call (`realtime_join`): its audio is the call's
         self._resampler = Resampler(24000, RUNTIME_INPUT_RATE)
         self._buffer: list[Int16Array] = []  # manual turns: audio appended since the last commit
         self._buffered = 0
@@ -268,107 +174,6 @@ class RealtimeConnection:
         # a turn the session answered by itself is still counted until then)
         self._unanswered = 0
         self._text_items = itertools.count()
-
-    # -- sending --
-
-    def message(self, type_: str, **fields: Any) -> str:
-        return json.dumps({"type": type_, "event_id": f"event_{next(self._events)}", **fields})
-
-    def send(self, type_: str, **fields: Any) -> None:
-        self.outbox.put([self.message(type_, **fields)])
-
-    def error(self, error: RealtimeError, event_id: str | None) -> None:
-        self.send("error", error=error.body(event_id))
-
-    # -- items --
-
-    def _add_item(self, item: dict[str, Any]) -> None:
-        previous = self._order[-1] if self._order else None
-        self._items[item["id"]] = item
-        self._order.append(item["id"])
-        while len(self._order) > MAX_ITEMS:
-            del self._items[self._order.popleft()]
-        self.send("conversation.item.added", previous_item_id=previous, item=item)
-
-    def user_item(self, item_id: str, committed: bool) -> None:
-        if item_id in self._items:
-            return
-        if committed:
-            previous = self._order[-1] if self._order else None
-            self.send("input_audio_buffer.committed", previous_item_id=previous, item_id=item_id)
-        self._add_item(_user_message(item_id, {"type": "input_audio", "transcript": None}))
-
-    def item_done(self, item_id: str, role: str, content: list[dict[str, Any]]) -> None:
-        item = self._items.get(item_id)
-        if item is None:
-            return
-        item["content"], item["status"] = content, "completed" if role == "user" else item["status"]
-        previous = self._order[self._order.index(item_id) - 1] if self._order.index(item_id) else None
-        self.send("conversation.item.done", previous_item_id=previous, item=item)
-
-    def part(self, response_id: str) -> dict[str, Any]:
-        return {
-            "response_id": response_id,
-            "item_id": self._responses.get(response_id, ""),
-            "output_index": 0,
-            "content_index": 0,
-        }
-
-    def _response(self, response_id: str, status: str, output: list[dict[str, Any]]) -> dict[str, Any]:
-        details = None
-        if status == "cancelled":
-            details = {"type": "cancelled", "reason": "turn_detected"}
-        return {
-            "object": "realtime.response",
-            "id": response_id,
-            "status": status,
-            "status_details": details,
-            "output": output,
-            "conversation_id": "conv_" + self.config.id,
-            "output_modalities": ["audio"],
-            "max_output_tokens": "inf",
-            "metadata": None,
-            "usage": None,
-            "audio": {"output": {"format": self.config.output_format, "voice": self.config.voice}},
-        }
-
-    def response_created(self, response_id: str, item_id: str) -> None:
-        self._responses[response_id] = item_id
-        while len(self._responses) > MAX_ITEMS:
-            del self._responses[next(iter(self._responses))]
-        self.send("response.created", response=self._response(response_id, "in_progress", []))
-        item = {
-            "id": item_id,
-            "object": "realtime.item",
-            "type": "message",
-            "status": "in_progress",
-            "role": "assistant",
-            "content": [],
-        }
-        self.send("response.output_item.added", response_id=response_id, output_index=0, item=item)
-        self._add_item(item)
-        self.send(
-            "response.content_part.added", **self.part(response_id), part={"type": "audio", "transcript": ""}
-        )
-
-    def response_done(self, response_id: str, status: str, transcript: str) -> None:
-        item_id = self._responses.get(response_id, "")
-        item = self._items.get(item_id)
-        part = self.part(response_id)
-        self.send("response.output_audio.done", **part)
-        self.send("response.output_audio_transcript.done", **part, transcript=transcript)
-        self.send("response.content_part.done", **part, part={"type": "audio", "transcript": transcript})
-        output = []
-        if item is not None:
-            item["status"] = "completed" if status == "completed" else "incomplete"
-            item["content"] = [{"type": "output_audio", "transcript": transcript}]
-            self.send("response.output_item.done", response_id=response_id, output_index=0, item=item)
-            self.item_done(item_id, "assistant", item["content"])
-            output = [item]
-        self.send("response.done", response=self._response(response_id, status, output))
-
-    def truncated(self, item_id: str, audio_end_ms: int) -> None:
-        self.send("conversation.item.truncated", item_id=item_id, content_index=0, audio_end_ms=audio_end_ms)
 
     # -- client events --
 
@@ -383,6 +188,8 @@ class RealtimeConnection:
                 raise RealtimeError(
                     f"Invalid value: {shown(kind)}. Unknown event type.", "invalid_value", "type"
                 )
+            if self.joined and str(kind).startswith("input_audio_buffer."):
+                raise RealtimeError("The call's audio comes from its phone line.", "not_supported", "type")
             await handler(self, message)
         except RealtimeError as e:
             self.error(e, event_id)
@@ -503,7 +310,8 @@ class RealtimeConnection:
             raise RealtimeError(f"Item '{item_id}' already exists.", "duplicate_item_id", "item.id")
         self._check_unanswered("item")
         self._add_turn(text)
-        self._add_item(_user_message(item_id, {"type": "input_text", "text": text}))
+        self._add_item(user_message(item_id, {"type": "input_text", "text": text}))
+        self.given(item_id, text.strip())
         self.send("conversation.item.done", previous_item_id=None, item=self._items[item_id])
 
     async def _response_create(self, message: dict[str, Any]) -> None:
@@ -541,6 +349,54 @@ class RealtimeConnection:
         kept = await self.session.truncate(response_id, end)
         self.truncated(item_id, kept)
 
+    def _known_item(self, message: dict[str, Any], verb: str) -> str:
+        """The ``item_id`` of a retrieve or delete, if it names an item of this connection."""
+        item_id = message.get("item_id")
+        if not isinstance(item_id, str):
+            raise RealtimeError(
+                "Missing required parameter: 'item_id'.", "missing_required_parameter", "item_id"
+            )
+        if item_id not in self._items:
+            raise RealtimeError(
+                f"Item with item_id not found: {shown(item_id)}.", f"item_{verb}_invalid_item_id", "item_id"
+            )
+        return item_id
+
+    async def _item_retrieve(self, message: dict[str, Any]) -> None:
+        item_id = self._known_item(message, "retrieve")
+        self.send("conversation.item.retrieved", item=self._items[item_id])
+
+    async def _item_delete(self, message: dict[str, Any]) -> None:
+        """The item leaves the conversation: its words leave the session's history and KV
+        (a reply in progress stops first: it is cut as heard, then deleted)."""
+        item_id = self._known_item(message, "delete")
+        item = self._items[item_id]
+        assert self.session is not None
+        if item["role"] == "assistant":
+            response_id = next((r for r, i in self._responses.items() if i == item_id), None)
+            if response_id is not None:
+                await self.session.forget(response_id, reply=True)
+                del self._responses[response_id]
+        elif item_id in self._texts:
+            if item_id in self._waiting:
+                self._waiting.remove(item_id)
+                self._unanswered = max(0, self._unanswered - 1)
+            await self.session.forget(self._turn_of.pop(item_id, None), user_text=self._texts.pop(item_id))
+        elif (
+            item["content"]
+            and item["content"][0].get("type") == "input_audio"
+            and (item["content"][0].get("transcript") is None)
+        ):
+            raise RealtimeError(
+                f"Item {shown(item_id)} is still being transcribed: delete it once it is done.",
+                "item_delete_in_progress",
+                "item_id",
+            )
+        if item_id in self._items:  # (a reply stopped above may have been forgotten meanwhile)
+            del self._items[item_id]
+            self._order.remove(item_id)
+        self.send("conversation.item.deleted", item_id=item_id)
+
     async def _clear(self, message: dict[str, Any]) -> None:
         self._buffer, self._buffered = [], 0
         self.send("input_audio_buffer.cleared")
@@ -568,11 +424,12 @@ class RealtimeConnection:
             item_id=item_id,
             content_index=0,
             transcript=transcript,
-            usage={"type": "duration", "seconds": audio.size / RUNTIME_INPUT_RATE},
+            usage={"type": "duration", "seconds": round(audio.size / RUNTIME_INPUT_RATE, 3)},
         )
         self.item_done(item_id, "user", [{"type": "input_audio", "transcript": transcript}])
         if transcript.strip():
             self._add_turn(transcript)
+            self.given(item_id, transcript.strip())
 
 
 HANDLERS = {
@@ -582,6 +439,8 @@ HANDLERS = {
     "input_audio_buffer.clear": RealtimeConnection._clear,
     "conversation.item.create": RealtimeConnection._item_create,
     "conversation.item.truncate": RealtimeConnection._truncate,
+    "conversation.item.retrieve": RealtimeConnection._item_retrieve,
+    "conversation.item.delete": RealtimeConnection._item_delete,
     "response.create": RealtimeConnection._response_create,
     "response.cancel": RealtimeConnection._response_cancel,
 }
@@ -601,6 +460,11 @@ class RealtimeEndpoint:
             max_msg_size=self.config.max_message_bytes, heartbeat=None, timeout=CLOSE_TIMEOUT_S
         )
         await ws.prepare(request)
+        call_id = request.query.get("call_id")
+        if call_id is not None:  # a client joining a call (its parts come from this module)
+            from duplex.transports.realtime_join import join
+
+            return await join(request, ws, self.config, self.sessions, call_id)
         try:
             voice = self.sessions.check_room()
             settings = RealtimeSessionConfig(
@@ -622,43 +486,45 @@ class RealtimeEndpoint:
         link.own(send_all(connection.outbox, ws.send_str), "realtime-send")
         link.watch_reader(connection.outbox, self.config.slow_reader_timeout_s)
         try:
-            await self._read(ws, connection, link)
+            await read(ws, connection, link)
         finally:
             await link.close()
         return ws
 
-    async def _read(self, ws: web.WebSocketResponse, connection: RealtimeConnection, link: Link) -> None:
-        """The client's events, paced (`Pace`), each handled before the next is read. The
-        reader yields to the loop between slices: messages already buffered are read
-        without a suspension, so a fast client would otherwise hold the loop."""
-        session = connection.session
-        assert session is not None
-        pace = Pace(EVENT_RATE, EVENT_BURST, time.monotonic())
-        slice_end = time.monotonic() + SLICE_S
-        async for msg in ws:
-            if msg.type == WSMsgType.ERROR:  # aiohttp has closed it with the code (1009, 1007, ...)
+
+async def read(ws: web.WebSocketResponse, connection: RealtimeConnection, link: Link) -> None:
+    """The client's events, paced (`Pace`), each handled before the next is read. The
+    reader yields to the loop between slices: messages already buffered are read
+    without a suspension, so a fast client would otherwise hold the loop. It ends when
+    the socket does, or the session, or at ``rate_limited`` (`Link.close_with` says so)."""
+    session = connection.session
+    assert session is not None
+    pace = Pace(EVENT_RATE, EVENT_BURST, time.monotonic())
+    slice_end = time.monotonic() + SLICE_S
+    async for msg in ws:
+        if msg.type == WSMsgType.ERROR:  # aiohttp has closed it with the code (1009, 1007, ...)
+            break
+        if msg.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
+            continue
+        EVENTS.inc()
+        now = time.monotonic()
+        wait = pace.wait_s(1 + len(msg.data) // EVENT_BYTES, now)
+        if pace.over_s(now) > PATIENCE_S:
+            log.info(
+                "realtime %s: over %g events/s for %g s; closed",
+                connection.config.id,
+                EVENT_RATE,
+                PATIENCE_S,
+            )
+            RATE_LIMITED.inc()
+            link.close_with = (WSCloseCode.POLICY_VIOLATION, b"rate_limited")
+            break
+        if wait > 0 or now > slice_end:
+            await asyncio.sleep(wait)  # sleep(0): one turn of the loop for everyone else
+            slice_end = time.monotonic() + SLICE_S
+            if session.closed.is_set():  # meanwhile (max_session_s, a slow reader): not one more event
                 break
-            if msg.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
-                continue
-            EVENTS.inc()
-            now = time.monotonic()
-            wait = pace.wait_s(1 + len(msg.data) // EVENT_BYTES, now)
-            if pace.over_s(now) > PATIENCE_S:
-                log.info(
-                    "realtime %s: over %g events/s for %g s; closed",
-                    connection.config.id,
-                    EVENT_RATE,
-                    PATIENCE_S,
-                )
-                RATE_LIMITED.inc()
-                link.close_with = (WSCloseCode.POLICY_VIOLATION, b"rate_limited")
-                break
-            if wait > 0 or now > slice_end:
-                await asyncio.sleep(wait)  # sleep(0): one turn of the loop for everyone else
-                slice_end = time.monotonic() + SLICE_S
-                if session.closed.is_set():  # meanwhile (max_session_s, a slow reader): not one more event
-                    break
-            if msg.type == WSMsgType.TEXT:
-                await connection.handle(msg.data)
-            else:
-                connection.error(RealtimeError("Events are JSON text frames.", "invalid_event"), None)
+        if msg.type == WSMsgType.TEXT:
+            await connection.handle(msg.data)
+        else:
+            connection.error(RealtimeError("Events are JSON text frames.", "invalid_event"), None)

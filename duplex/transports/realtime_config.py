@@ -249,11 +249,11 @@ class RealtimeSessionConfig:
                 raise RealtimeError(f"Unknown parameter 'session.audio.output.{key}'.", "unknown_parameter")
 
     def as_dict(self) -> dict[str, Any]:
-        """The full session object of ``session.created`` / ``session.updated``."""
+        """The full session object of ``session.created`` / ``session.updated``, as the
+        openai SDK types it (its session-create shape: no ``id``, ``object`` or
+        ``expires_at``)."""
         return {
             "type": "realtime",
-            "object": "realtime.session",
-            "id": self.id,
             "model": self.echoed.get("model", "duplex"),
             "output_modalities": ["audio"],
             "instructions": self.instructions,
@@ -264,7 +264,6 @@ class RealtimeSessionConfig:
             "truncation": self.echoed.get("truncation", "auto"),
             "prompt": self.echoed.get("prompt"),
             "include": self.echoed.get("include"),
-            "expires_at": 0,
             "audio": {
                 "input": {
                     "format": self.input_format,

@@ -120,6 +120,7 @@ class RtpWire:
     """A call's output: reply audio as 20 ms G.711 payloads, sent on the call's RTP
     clock (`SipListener._send_rtp`); events have no place on the wire."""
 
+    transport = "sip"
     rate = RATE
 
     def __init__(self, codec: int) -> None:
@@ -406,6 +407,7 @@ class SipListener:
         )
         call.stage = OutputStage(RtpWire(call.codec))
         call.session = await self.sessions.open(call.stage, SessionConfig(input_rate=RATE))
+        self.sessions.name(call.session, call.call_id)  # for a Realtime client joining it (?call_id=)
         return call.session
 
     async def _close_media(self, call: SipCall) -> None:

@@ -76,6 +76,7 @@ MEDIA_DROPPED = Counter("duplex_twilio_media_dropped_total", "reply audio frames
 class TwilioWire:
     """A call's output on the wire: 20 ms μ-law media, marks, ``clear``."""
 
+    transport = "twilio"
     rate = twilio.RATE
 
     def __init__(self, stream_sid: str, voice_rate: int) -> None:
@@ -229,6 +230,7 @@ class TwilioEndpoint:
         except SessionError as e:
             raise _CallEnd(WSCloseCode.TRY_AGAIN_LATER, f"{e.code}: {e}") from None
         self.calls[start.stream_sid] = session
+        self.sessions.name(session, start.call_sid)  # for a Realtime client joining it (?call_id=)
         log.info("twilio call %s (stream %s): session %s", start.call_sid, start.stream_sid, session.id)
         link = self._link(session, stage, ws, transport)
         link.own(_send(stage.outbox, ws, transport), "twilio-send")

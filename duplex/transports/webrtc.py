@@ -12,8 +12,14 @@ Request: ``{"type": "offer", "sdp": "...", "config": {...}}`` (``config`` option
 ``application/json``), 429 (the session limit) or 503 (models loading). A refused offer
 leaves no peer connection and no session behind.
 
-On the ``events`` data channel the server sends every session event as JSON
-(``{"type": ..., ...}``) and takes control messages:
+On the ``events`` data channel the server sends the session's events as the Realtime
+API's server events, in the shapes ``WS /v1/realtime`` sends them (`RealtimeWire`:
+items, responses, content parts, ``event_id``s; no audio deltas, the audio is on the
+track), beside duplex's own, named ``duplex.*`` (``duplex.state``,
+``duplex.turn.metrics``, ``duplex.response.resumed``; and for what the API's events do
+not carry, ``duplex.item.heard``: the text of a reply cut by a barge-in that the
+caller heard, after ``conversation.item.truncated``, and ``duplex.item.words``: a
+final transcript's word times, with ``word_times`` on). It takes control messages:
 
 - ``{"type": "input_text", "text": "..."}``: a user turn as text;
 - ``{"type": "cancel"}``: stop the reply in progress (kept as far as it was heard);
@@ -40,6 +46,7 @@ from aiohttp import web
 
 from audio_io.frame import AudioFrame, Int16Array
 from audio_io.webrtc import RATE, OfferError, WebRtcPeer, ice_ufrag
+from duplex import events as ev
 from duplex.config import Config
 from duplex.events import Event, SessionError
 from duplex.session_config import SessionConfig
@@ -47,27 +54,47 @@ from duplex.sessions import Sessions
 from duplex.transports.link import Link
 from duplex.transports.output import Cursor, OutputStage
 from duplex.transports.port import SessionPort
+from duplex.transports.realtime_config import RealtimeSessionConfig
+from duplex.transports.realtime_events import RealtimeItems, RealtimeWire
 
 log = logging.getLogger("duplex.webrtc")
 
 MAX_CONTROL_BYTES = 64 * 1024
 OFFER_CONFIG_KEYS = ("system_prompt", *SessionConfig.RUNTIME_KEYS)
+HEARD = "duplex.item.heard"  # a cut reply's text as far as the caller heard it
+WORDS = "duplex.item.words"  # a final transcript's word times (``word_times``)
 
 
 class PeerWire:
     """A peer connection's output: 20 ms frames at 48 kHz for its track (which sends
-    them on its own clock), every event as JSON on the ``events`` data channel."""
+    them on its own clock), events as JSON on the ``events`` data channel: the Realtime
+    API's server events (`RealtimeWire`) and duplex's own (``duplex.*``)."""
+
+    transport = "webrtc"
 
     rate = RATE
 
     def __init__(self, peer: WebRtcPeer) -> None:
         self.peer = peer
+        self.items = RealtimeItems(RealtimeSessionConfig("", "", "", 0))  # what the events refer to
+        self.realtime = RealtimeWire(self.items)
 
     def frame(self, samples: Int16Array, cursor: Cursor) -> list[Int16Array]:
         return [samples]
 
     def event(self, event: Event) -> list[Int16Array]:
-        self.peer.send(json.dumps(event.as_dict()))
+        if event.type.startswith("duplex."):
+            self.peer.send(json.dumps(event.as_dict()))
+            return []
+        self.realtime.event(event)
+        for message in self.items.outbox.take():
+            self.peer.send(message)
+        d = event.data
+        if event.type == ev.TRUNCATED:
+            heard = {"type": HEARD, "item_id": d["item_id"], "transcript": d["transcript"]}
+            self.peer.send(json.dumps(heard))
+        elif event.type == ev.TRANSCRIPT_DONE and "words" in d:
+            self.peer.send(json.dumps({"type": WORDS, "item_id": d["item_id"], "words": d["words"]}))
         return []
 
     def end_reply(self, cursor: Cursor, completed: bool) -> list[Int16Array]:

@@ -1,0 +1,116 @@
+"""``WS /v1/realtime?call_id=...``: a Realtime client joins a session it did not open (a
+phone call), as the GA API's sideband connection to a SIP call does
+(``client.realtime.connect(call_id=...)`` in the openai SDK).
+
+    phone ─► Twilio / SIP transport ─► Session ─► OutputStage ─► the call's own wire
+                                                      └─ watcher ─► RealtimeWire ─► this socket
+    this socket ─► client events ─► the same Session
+
+``call_id`` is the call's own id (Twilio ``CallSid``, SIP ``Call-ID``) or the session's
+(``sess_N``, in the transport's log line). The client is told what happens from when
+it joins: ``session.created``, then the call's events in the API's shapes, among them
+``input_audio_buffer.dtmf_event_received`` for each key the caller presses. It may
+steer the call as its own client would (``session.update`` for instructions and turn
+detection, text items, ``response.create``/``cancel``, ``conversation.item.*`` for the
+items it has seen); the call's audio stays on its line: no ``response.output_audio``
+deltas come here, and ``input_audio_buffer.*`` events are refused (``not_supported``).
+
+The call goes on when the socket closes; the socket closes (1001) when the call ends.
+At most `MAX_JOINED` clients per call. A call that is not open: an ``error``
+(``call_not_found``), then close 1008. A joined client that stops reading is closed,
+its socket aborted, after ``slow_reader_timeout_s``; the call does not hear of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+
+from aiohttp import WSCloseCode, WSMsgType, web
+
+from duplex.config import Config
+from duplex.events import Event
+from duplex.session_config import MAX_SYSTEM_PROMPT
+from duplex.sessions import Sessions
+from duplex.transports.link import CLOSE_TIMEOUT_S, Link, send_all
+from duplex.transports.output import OutputStage
+from duplex.transports.realtime import RealtimeConnection, RealtimeWire, read
+from duplex.transports.realtime_config import RealtimeError, RealtimeSessionConfig
+
+log = logging.getLogger("duplex.realtime")
+
+MAX_JOINED = 4  # Realtime clients joined to one call at once
+MAX_CALL_ID = 256
+
+
+async def _refuse(ws: web.WebSocketResponse, error: RealtimeError) -> web.WebSocketResponse:
+    await ws.send_str(json.dumps({"type": "error", "event_id": "event_0", "error": error.body(None)}))
+    await ws.close(code=WSCloseCode.POLICY_VIOLATION, message=error.code.encode())
+    return ws
+
+
+async def join(
+    request: web.Request, ws: web.WebSocketResponse, config: Config, sessions: Sessions, call_id: str
+) -> web.WebSocketResponse:
+    """Serve one joined client on an upgraded socket until it or the call ends."""
+    session = sessions.find(call_id) if len(call_id) <= MAX_CALL_ID else None
+    stage = session.sink if session is not None else None
+    if session is None or not isinstance(stage, OutputStage) or session.closed.is_set():
+        return await _refuse(
+            ws, RealtimeError(f"No open call {call_id[:64]!r}.", "call_not_found", "call_id")
+        )
+    if len(stage.watchers) >= MAX_JOINED:
+        return await _refuse(
+            ws,
+            RealtimeError(f"At most {MAX_JOINED} clients may join one call.", "too_many_joined", "call_id"),
+        )
+    settings = RealtimeSessionConfig(
+        session.id, session.voice.name, config.system_prompt or "", MAX_SYSTEM_PROMPT
+    )
+    connection = RealtimeConnection(ws, settings)
+    connection.session, connection.joined = session, True
+    wire = RealtimeWire(connection)
+
+    def watch(event: Event) -> None:
+        try:
+            wire.event(event)
+        except (KeyError, TypeError, ValueError):  # a bug here must not break the call's tasks
+            log.exception("realtime %s: no event for %s", session.id, event.type)
+
+    stage.watchers.append(watch)
+    log.info("realtime: a client joined call %s (session %s)", call_id, session.id)
+    connection.send("session.created", session=settings.as_dict())
+
+    async def close_socket() -> None:
+        if not ws.closed and not stalled.is_set():
+            code, reason = link.close_with or (WSCloseCode.OK, b"")
+            if link.ended_by_session:
+                code, reason = WSCloseCode.GOING_AWAY, b"call ended"
+            with contextlib.suppress(TimeoutError, ConnectionError):
+                async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                    await ws.send_frame(int(code).to_bytes(2, "big") + reason, WSMsgType.CLOSE)
+        if request.transport is not None:
+            request.transport.abort()
+
+    async def no_close() -> None:  # the call goes on without this client
+        pass
+
+    async def watch_reader() -> None:
+        timeout_s = config.slow_reader_timeout_s
+        while connection.outbox.stalled_s() <= timeout_s and not connection.outbox.overflowed:  # noqa: ASYNC110 (polled: time passing is the event)
+            await asyncio.sleep(min(1.0, timeout_s / 4))
+        log.info("realtime %s: a joined client is not reading; closed", session.id)
+        stalled.set()
+        await link.close()
+
+    stalled = asyncio.Event()
+    link = Link(session, no_close, close_socket, lambda: stage.watchers.remove(watch))
+    link.own(send_all(connection.outbox, ws.send_str), "realtime-joined-send")
+    link.own(watch_reader(), "realtime-joined-reader")
+    try:
+        await read(ws, connection, link)
+    finally:
+        await link.close()
+    return ws

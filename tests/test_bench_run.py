@@ -1,0 +1,86 @@
+"""benchmarks.run (`make bench`): its BENCH_* settings live beside the strict DUPLEX_*
+configuration reader without tripping it, and that reader still refuses what it does
+not know."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks.run import NAMES, SettingError, benchmarks
+from duplex.config import ConfigError, load_config
+from tests.conftest import REPO
+
+BENCH_ENV = {"BENCH_TURNS": "7", "BENCH_SOAK_CYCLES": "20", "BENCH_SOAK_MINUTES": "0.5"}
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DUPLEX_", "BENCH_"))}
+    return env | {"HF_HUB_OFFLINE": "1"} | extra
+
+
+def test_settings_become_the_benchmarks_flags():
+    flags = benchmarks(BENCH_ENV)
+    assert list(flags) == list(NAMES)
+    assert flags["conversation"] == ["--turns", "7"]
+    assert flags["soak"] == ["--cycles", "20", "--minutes", "0.5"]
+    assert benchmarks({})["conversation"] == ["--turns", "100"]  # the defaults
+
+
+def test_the_configuration_reader_takes_the_bench_settings_and_its_own():
+    config = load_config(None, BENCH_ENV | {"DUPLEX_PORT": "8123"}, {})
+    assert config.port == 8123
+
+
+@pytest.mark.parametrize("variable", ["DUPLEX_PROT", "DUPLEX_BENCH_TURNS"])
+def test_the_configuration_reader_still_refuses_unknown_duplex_variables(variable: str):
+    with pytest.raises(ConfigError, match=f"{variable} .*unknown configuration variable"):
+        load_config(None, BENCH_ENV | {variable: "5"}, {})
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"DUPLEX_BENCH_TURNS": "5"}, "DUPLEX_BENCH_TURNS is now BENCH_TURNS"),
+        ({"BENCH_TURNS": "lots"}, "BENCH_TURNS='lots': expected a whole number above 0"),
+        ({"BENCH_TURNS": "0"}, "BENCH_TURNS='0': expected a whole number above 0"),
+        ({"BENCH_SOAK_MINUTES": "-1"}, "BENCH_SOAK_MINUTES='-1': expected a number above 0"),
+    ],
+)
+def test_a_wrong_setting_is_refused_before_anything_runs(env: dict[str, str], message: str):
+    with pytest.raises(SettingError, match=message):
+        benchmarks(env)
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.run"],
+        env=child_env(**env),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 1 and "make bench: " in done.stderr and message in done.stderr, done.stderr
+    assert "==" not in done.stdout and "Traceback" not in done.stderr  # no benchmark started
+
+
+def test_a_benchmark_process_starts_with_the_bench_settings_in_its_environment():
+    """What `make bench` starts for the conversation benchmark: its configuration and
+    flags, read by the real reader and parser in a process whose environment holds the
+    BENCH_* settings and a DUPLEX_* key (the process `make bench` exited 2 in before)."""
+    script = (
+        "from benchmarks.common import stage_config\n"
+        "from benchmarks.run import benchmarks\n"
+        "import os\n"
+        "config, args = stage_config('conversation', benchmarks(os.environ)['conversation'])\n"
+        "print(args.turns, config.port)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env=child_env(**BENCH_ENV, DUPLEX_PORT="8123"),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["7", "8123"]
