@@ -401,6 +401,8 @@ class AsrStream:
         """End of speech at ``position``: the final result of the utterance."""
         if not self._active:
             return AsrResult("", (), True, position, 0.0)
+        if self._partial is not None:  # superseded: its result would come after the final
+            self._partial.cancelled = True
         candidate, self._candidate = self._candidate, None
         job = candidate if candidate is not None and candidate.requested_end == position else None
         if job is None:

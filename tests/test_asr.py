@@ -199,3 +199,20 @@ async def test_a_queued_transcription_equals_the_one_shot_one(asr_engine, speech
     queued = await asr_engine.transcribe_queued(long)
     assert queued == asr_engine.transcribe(long)
     assert wer([(" ".join(u.text for u in utterances * 2), queued)]) <= 0.3
+
+
+async def test_a_partial_pass_running_at_the_end_of_speech_never_follows_the_final(asr_engine, speech_set):
+    """The final supersedes a partial pass still running when the utterance ends: its
+    result must not arrive after the final (the session would send the caller's line
+    again, as a transcript delta after the transcript was done)."""
+    from models.asr import AsrStream
+
+    audio = speech_set[0].audio
+    asr = AsrStream(asr_engine, partial_interval=audio.size)
+    asr.begin(0)
+    asr.push(audio)  # a partial pass starts on the whole utterance
+    assert asr._partial is not None
+    await asyncio.sleep(0.02)  # the worker has taken it up
+    final = await asr.finish(audio.size)
+    await asyncio.sleep(0.5)  # anything the partial pass would still deliver
+    assert final.text and asr.results.empty()
