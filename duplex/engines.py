@@ -7,6 +7,7 @@ core reports through its log lines: `duplex.startup.VllmPhaseTap`).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,11 +73,9 @@ class Engines:
                     await in_daemon_thread(lambda: prepare([choice], cache_dir, progress=False), "load-llm")
                 )[0].path
                 llm = LlmEngine(config.llm_config(llm_path))
-                if startup is None:
+                # the phases end with the last one vLLM began
+                with VllmPhaseTap(startup) if startup is not None else contextlib.nullcontext():
                     await llm.start()
-                else:
-                    with VllmPhaseTap(startup):  # the phases end with the last one vLLM began
-                        await llm.start()
             loaded("llm")
         except BaseException:
             for engine in engines:

@@ -176,6 +176,7 @@ def assert_each_finished_line_announced_once(demo: dict) -> None:
     for a in demo["announcements"]:
         if a["region"] != "lines":
             others.setdefault(a["region"], []).append(a["text"])
+    assert others, "no other live region was recorded (the service badge is one)"
     for region, texts in others.items():
         assert all(a != b for a, b in zip(texts, texts[1:], strict=False)), (region, texts)
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator
 
@@ -23,6 +22,7 @@ from duplex.health import ComponentState, Readiness
 from duplex.http_app import build_http_app
 from duplex.sessions import Sessions, transport_of
 from duplex.startup import PHASES, Startup
+from tests.test_serve import get_health
 from tests.test_transports import ADAPTERS
 
 TOKEN = "probe-token-123456"
@@ -190,14 +190,6 @@ def test_refusals_are_counted_by_the_error_code_sent():
 # -- the real service --------------------------------------------------------------
 
 
-def _get_json(port: int, path: str) -> tuple[int, dict]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
-
-
 def _scrape(port: int) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
         return r.read().decode()
@@ -232,18 +224,18 @@ def test_serve_probes_phases_metrics_and_json_logs(offline_env):
     server = Server(offline_env, "--log-format", "json")
     try:
         server.wait_listening()
-        assert _get_json(server.port, "/livez") == (200, {"status": "alive"})
-        status, ready = _get_json(server.port, "/readyz")
+        assert get_health(server.port, "/livez", timeout=5) == (200, {"status": "alive"})
+        status, ready = get_health(server.port, "/readyz", timeout=5)
         assert status == 503 and ready["status"] == "starting", ready
         phases_seen: set[str] = set()
         deadline = time.monotonic() + 400
         while time.monotonic() < deadline:
-            status, health = _get_json(server.port, "/healthz")
+            status, health = get_health(server.port, "/healthz", timeout=5)
             current = health["startup"]["phase"]
             if current is not None:
                 phases_seen.add(current["name"])
                 assert current["seconds"] >= 0 and current["what"] == PHASES[current["name"]]
-                livez = _get_json(server.port, "/livez")
+                livez = get_health(server.port, "/livez", timeout=5)
                 assert livez[0] == 200, livez  # while the models load
             if status == 200:
                 break
@@ -251,7 +243,7 @@ def test_serve_probes_phases_metrics_and_json_logs(offline_env):
             server.note_descendants()
             time.sleep(0.25)
         assert status == 200, health
-        assert _get_json(server.port, "/readyz") == (200, {"status": "ready"})
+        assert get_health(server.port, "/readyz", timeout=5) == (200, {"status": "ready"})
         startup = health["startup"]
         assert startup["finished"] and startup["phase"] is None
         done = {d["name"]: d for d in startup["done"]}
@@ -276,16 +268,16 @@ def test_serve_probes_phases_metrics_and_json_logs(offline_env):
 
         engine_core(server).kill()
         deadline = time.monotonic() + 30
-        while (readyz := _get_json(server.port, "/readyz"))[0] == 200:
+        while (readyz := get_health(server.port, "/readyz", timeout=5))[0] == 200:
             assert time.monotonic() < deadline, "the engine's death never showed in /readyz"
             time.sleep(0.05)
         assert readyz == (503, {"status": "restarting", "reason": "llm: the engine stopped; restarting"})
-        assert _get_json(server.port, "/livez")[0] == 200
+        assert get_health(server.port, "/livez", timeout=5)[0] == 200
         refused = asyncio.run(_refused_session(server.port))
         assert refused == "llm_unavailable"
         assert 'duplex_sessions_refused_total{reason="llm_unavailable"} 1.0' in _scrape(server.port)
         deadline = time.monotonic() + 180
-        while _get_json(server.port, "/readyz")[0] != 200:
+        while get_health(server.port, "/readyz", timeout=5)[0] != 200:
             assert time.monotonic() < deadline, "the engine did not come back"
             time.sleep(0.5)
         server_pid = server.proc.pid

@@ -20,9 +20,10 @@ from tests.conftest import duplex_command, free_port
 pytestmark = pytest.mark.slow
 
 
-def get_health(port: int) -> tuple[int, dict]:
+def get_health(port: int, path: str = "/healthz", timeout: float = 2) -> tuple[int, dict]:
+    """Status and JSON body of one of the health routes (``/healthz``, ``/livez``, ``/readyz``)."""
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as r:
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read())

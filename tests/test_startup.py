@@ -209,24 +209,35 @@ log.info("Warming up done.")
 """
 
 
+def _clean_env() -> dict[str, str]:
+    """This environment without duplex's and vLLM's settings (a child starts as a service would)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("DUPLEX_", "VLLM_"))}
+
+
+def _python(code: str, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a new interpreter from the checkout; it must succeed."""
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        env=env,
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return done
+
+
 def test_the_engine_cores_phases_reach_the_service_from_a_spawned_process(tmp_path: Path):
     startup = Startup()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DUPLEX_", "VLLM_"))}
+    env = _clean_env()
     startup.begin("llm_engine")
     saved = {k: os.environ.get(k) for k in ("VLLM_LOGGING_CONFIG_PATH", "VLLM_CONFIGURE_LOGGING")}
     try:
         route_vllm_logs("warning", "json", tmp_path)  # the lines: warnings only; the phases: all
         with VllmPhaseTap(startup):
             env |= {k: os.environ[k] for k in ("VLLM_LOGGING_CONFIG_PATH", SOCKET_ENV)}
-            done = subprocess.run(
-                [sys.executable, "-c", SPAWNED_CORE],
-                env=env,
-                cwd=Path(__file__).resolve().parent.parent,
-                capture_output=True,
-                text=True,
-                timeout=60,
-            )
-            assert done.returncode == 0, done.stderr
+            done = _python(SPAWNED_CORE, env=env)
             deadline = time.monotonic() + 10
             while (startup.current or ("",))[0] != "llm_warmup" and time.monotonic() < deadline:
                 time.sleep(0.02)
@@ -309,16 +320,7 @@ with json_output([token]) if fmt == "json" else contextlib.nullcontext():
 
 
 def _run_service(fmt: str, tmp_path: Path) -> tuple[list[str], str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DUPLEX_", "VLLM_"))}
-    done = subprocess.run(
-        [sys.executable, "-c", SERVICE, fmt, TOKEN, str(tmp_path)],
-        env=env,
-        cwd=Path(__file__).resolve().parent.parent,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
+    done = _python(SERVICE, fmt, TOKEN, str(tmp_path), env=_clean_env())
     return done.stderr.splitlines(), done.stdout
 
 
