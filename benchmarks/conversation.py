@@ -118,6 +118,7 @@ async def run_sessions(
     lag.start()
     process = psutil.Process(os.getpid())
     rss0 = process.memory_info().rss
+    cpu0 = process.cpu_times()
     started = time.perf_counter()
     try:
         results = await asyncio.gather(*(_session(engines, clips, i, turns, config) for i in range(sessions)))
@@ -137,6 +138,11 @@ async def run_sessions(
         "wall_s": round(time.perf_counter() - started, 1),
         "rss_growth_mb": round((process.memory_info().rss - rss0) / 2**20, 1),
     }
+    cpu = process.cpu_times()
+    cpu_s = cpu.user + cpu.system - cpu0.user - cpu0.system
+    # this process's cores per session: VAD, ASR, TTS and the sessions (an in-process
+    # LLM's engine core is a child process, not counted; with --llm-url there is none)
+    out["cores_per_session"] = round(cpu_s / out["wall_s"] / sessions, 3)
     if turns:
         out["v2v_ms_by_turn"] = [round(x, 1) for x in results[0]["v2v_ms"]]
         out["steps_ms_by_half"] = _steps_by_half(results[0]["breakdowns"])
@@ -181,16 +187,18 @@ def with_engines(
     async def main() -> dict[str, Any]:
         engines = await Engines.start(config, deterministic_tts=True)
         llm = engines.llm.config
+        where = engines.llm.where
         try:
             return await body(engines) | {
-                "llm": {
-                    "model": os.path.basename(llm.model),
-                    "dtype": llm.resolved_dtype(),
-                    "execution": llm.execution,
-                }
+                "llm": {"model": os.path.basename(llm.model), "backend": where}
+                | (
+                    {"dtype": llm.resolved_dtype(), "execution": llm.execution}
+                    if where == "in-process"
+                    else {}
+                )
             }
         finally:
-            engines.close()
+            await asyncio.to_thread(engines.close)
 
     result = asyncio.run(main())
     result["method"] = method

@@ -64,6 +64,32 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.add_argument("--json", action="store_true", help="print the prepared models as JSON")
     prepare.add_argument("--no-progress", action="store_true", help="no progress bar")
     prepare.add_argument("--verify", action="store_true", help="also load the LLM in vLLM and chat once")
+    serve_llm = sub.add_parser(
+        "serve-llm",
+        help="run vLLM's OpenAI-compatible server for the configured LLM (for serve --llm-url)",
+        description="Prepare the configured LLM and run vLLM's OpenAI-compatible server on it, with the "
+        "settings duplex's remote backend relies on; arguments after -- go to vLLM's server as they are.",
+    )
+    _add_config_flags(
+        serve_llm,
+        (
+            *MODEL_KEYS,
+            "host",
+            "llm_execution",
+            "llm_kv_cache_gib",
+            "llm_gpu_memory_fraction",
+            "llm_max_context",
+            "llm_api_key",
+        ),
+    )
+    serve_llm.add_argument("--port", type=int, default=8100, help="the server's port [default: 8100]")
+    serve_llm.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="run this many servers (on the ports after --port) behind vLLM's router on --port [default: 1]",
+    )
+    serve_llm.add_argument("vllm_args", nargs=argparse.REMAINDER, help="-- then flags for vLLM's server")
     transcribe = sub.add_parser("transcribe", help="print the transcript of an audio file")
     _add_config_flags(transcribe, ("asr", "vad", "asr_workers", "log_level"))
     transcribe.add_argument(
@@ -96,6 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
             "vad",
             "voice",
             "llm",
+            "llm_url",
+            "llm_api_key",
             "llm_dtype",
             "llm_quantization",
             "llm_execution",
@@ -110,6 +138,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--sessions", default="1,4,8", help="concurrent sessions to measure, comma-separated")
     bench.add_argument("--quick", action="store_true", help="fewer repetitions (for smoke tests)")
+    bench.add_argument(
+        "--compare",
+        action="store_true",
+        help="ar with --llm-url: the in-process engine too, on the same turns, interleaved",
+    )
     bench.add_argument(
         "--variants",
         default="",
@@ -168,6 +201,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "serve":
             return _serve(config, cache_dir)
+        if args.command == "serve-llm":
+            from duplex.serve_llm import serve_llm
+
+            extra = args.vllm_args[1:] if args.vllm_args[:1] == ["--"] else args.vllm_args
+            return serve_llm(config, cache_dir, args.port, extra, args.replicas)
         if args.command == "transcribe":
             from duplex.speech_cli import transcribe
 

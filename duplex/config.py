@@ -50,6 +50,12 @@ class Config:
     asr: str | None = _opt(None, "CTranslate2 Whisper directory or hub id (default: bundled tiny.en)")
     voice: str | None = _opt(None, "piper voice .onnx file, .onnx.json beside it (default: bundled joe)")
     llm: str | None = _opt(None, "LLM: Hugging Face directory, .gguf file, or hub id (default: SmolLM2-135M)")
+    llm_url: str | None = _opt(
+        None,
+        "URL of an LLM service (vLLM's OpenAI-compatible server, or a router before several): no LLM "
+        "runs in this process; llm names the same model, for its tokenizer (default: in-process vLLM)",
+    )
+    llm_api_key: str | None = _opt(None, "API key the LLM service at llm_url asks for (Bearer)", secret=True)
     llm_dtype: str = _opt(
         "auto",
         "LLM dtype in vLLM (auto: bfloat16 with quantized weights and on GPU; on CPU, by the CPU's kind)",
@@ -168,6 +174,11 @@ class Config:
         if not cpu_backend():
             return False
         return choose(weights_of(model_path), self.llm_dtype, "auto").execution == "eager"
+
+    def llm_weights(self) -> str:
+        """The LLM weights to prepare: none beyond the model's own when it runs elsewhere
+        (``llm_url``: the local copy only gives the tokenizer)."""
+        return "none" if self.llm_url else self.llm_quantization
 
     def llm_config(self, model_path: str) -> LlmConfig:
         """The AR stage's settings, for a prepared model directory."""

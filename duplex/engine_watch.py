@@ -4,6 +4,10 @@
                   asr/tts worker   (`llm_unavailable`, ...), restart with backoff
                   thread dead?  ─► ready again, sessions admitted again
 
+A remote LLM (``llm_url``, `models.remote_llm`) is not restarted from here: it is
+probed every second (every round while it does not answer), health says
+``unreachable`` while it does not, and sessions are admitted again when it does.
+
 vLLM watches its engine-core process itself and marks the engine dead the moment the
 process ends (its ``MPClientEngineMonitor``); every request in flight then fails, which
 each live session reports as a typed ``llm_unavailable`` error on a reply whose status
@@ -38,6 +42,7 @@ RESTART_BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0)  # waits after each failed attemp
 MAX_DEATHS = 5  # in DEATH_WINDOW_S: a crash loop, which restarting will not cure
 DEATH_WINDOW_S = 600.0
 PERIOD_S = 0.2
+PROBE_PERIOD_S = 1.0  # a remote LLM's health check, while it answers (every round while it does not)
 
 RESTARTS = Counter("duplex_engine_restarts_total", "engines restarted after they stopped", ["component"])
 
@@ -59,6 +64,7 @@ class EngineWatch:
         self._down: dict[str, SessionError] = {}  # component -> why sessions are refused
         self._details: dict[str, str] = {}  # component -> its detail while it was up (the model)
         self._deaths: collections.deque[float] = collections.deque()
+        self._probed = 0.0  # when a remote LLM was last asked
 
     async def run(self) -> None:
         await every(PERIOD_S, self.check, "engine watch")
@@ -66,7 +72,9 @@ class EngineWatch:
     async def check(self) -> None:
         """One round: any engine that stopped is marked down and restarted."""
         llm = self.engines.llm
-        if llm.errored or not llm.started:
+        if not llm.restartable:
+            await self._watch_service()
+        elif llm.errored or not llm.started:
             await self._restart_llm()
         for component, engine in (("asr", self.engines.asr), ("tts", self.engines.tts)):
             if not engine.alive:
@@ -75,6 +83,24 @@ class EngineWatch:
                 log.error("the %s worker stopped; %d restarted", component, restarted)
                 RESTARTS.labels(component).inc(restarted)
                 self._mark_up(component)
+
+    async def _watch_service(self) -> None:
+        """A remote LLM: health follows whether it answers (`PROBE_PERIOD_S`, and at once
+        when a request found nobody listening); nothing here can restart it."""
+        now = time.monotonic()
+        if now - self._probed < PROBE_PERIOD_S and not self.engines.llm.errored:
+            return
+        self._probed = now
+        if await self.engines.llm.probe():
+            if "llm" in self._down:
+                self._mark_up("llm")
+        elif "llm" not in self._down:
+            self._mark_down(
+                "llm",
+                "the LLM service does not answer",
+                "the LLM service is unreachable; calls are taken again when it answers",
+                ComponentState.UNREACHABLE,
+            )
 
     async def _restart_llm(self) -> None:
         now = time.monotonic()
@@ -97,13 +123,19 @@ class EngineWatch:
             return self._mark_up("llm")
         self._give_up(f"the LLM engine could not be restarted in {len(self._backoff_s)} attempts")
 
-    def _mark_down(self, component: str, detail: str) -> None:
+    def _mark_down(
+        self,
+        component: str,
+        detail: str,
+        message: str = "",
+        state: ComponentState = ComponentState.RESTARTING,
+    ) -> None:
+        """Refuse sessions (``message``: what they are told) until `_mark_up`."""
         if component not in self._down:
             self._details[component] = self.readiness.detail(component)
-        self.readiness.set(component, ComponentState.RESTARTING, detail)
-        self._down[component] = SessionError(
-            f"{component}_unavailable", f"the {component.upper()} engine stopped; it is being restarted"
-        )
+        self.readiness.set(component, state, detail)
+        message = message or f"the {component.upper()} engine stopped; it is being restarted"
+        self._down[component] = SessionError(f"{component}_unavailable", message)
         self.sessions.set_unavailable(next(iter(self._down.values())))
 
     def _mark_up(self, component: str) -> None:

@@ -2,7 +2,9 @@
 
 Loading them is the longer part of the start-up: each is a phase of the `Startup`
 given (``load_vad``, ``load_asr``, ``load_tts``, then the LLM's, which vLLM's engine
-core reports through its log lines: `duplex.startup.VllmPhaseTap`).
+core reports through its log lines: `duplex.startup.VllmPhaseTap`). With ``llm_url``
+the LLM runs elsewhere (`models.remote_llm`): its phase is reaching that service and
+checking that it runs the same tokenizer.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from duplex.startup import Startup, VllmPhaseTap, phase
 from models.asr import AsrEngine
 from models.handoff import in_daemon_thread
 from models.llm import LlmEngine
+from models.llm_backend import LlmBackend
+from models.remote_llm import RemoteLlm
 from models.tts import TtsEngine
 from models.vad import VadEngine
 
@@ -27,7 +31,7 @@ class Engines:
     vad: VadEngine
     asr: AsrEngine
     tts: TtsEngine
-    llm: LlmEngine
+    llm: LlmBackend  # in-process vLLM, or the LLM service at ``llm_url``
 
     @classmethod
     async def start(
@@ -67,15 +71,21 @@ class Engines:
                 )
             engines.append(tts)
             loaded("tts")
-            with phase(startup, "llm_engine"):
-                choice = ModelChoice("llm", config.llm, config.llm_quantization)
-                llm_path = (
-                    await in_daemon_thread(lambda: prepare([choice], cache_dir, progress=False), "load-llm")
-                )[0].path
-                llm = LlmEngine(config.llm_config(llm_path))
-                # the phases end with the last one vLLM began
-                with VllmPhaseTap(startup) if startup is not None else contextlib.nullcontext():
+            choice = ModelChoice("llm", config.llm, config.llm_weights())
+            llm_path = (
+                await in_daemon_thread(lambda: prepare([choice], cache_dir, progress=False), "load-llm")
+            )[0].path
+            llm: LlmBackend
+            if config.llm_url:
+                with phase(startup, "llm_service"):
+                    llm = RemoteLlm(config.llm_url, config.llm_config(llm_path), config.llm_api_key)
                     await llm.start()
+            else:
+                with phase(startup, "llm_engine"):
+                    llm = LlmEngine(config.llm_config(llm_path))
+                    # the phases end with the last one vLLM began
+                    with VllmPhaseTap(startup) if startup is not None else contextlib.nullcontext():
+                        await llm.start()
             loaded("llm")
         except BaseException:
             for engine in engines:

@@ -19,6 +19,7 @@ class ComponentState(enum.Enum):
     STARTING = "starting"
     READY = "ready"
     RESTARTING = "restarting"  # it stopped while serving; the service is bringing it back
+    UNREACHABLE = "unreachable"  # a service it needs (the LLM at llm_url) does not answer
     FAILED = "failed"
 
 
@@ -66,12 +67,16 @@ class Readiness:
 
     @property
     def status(self) -> str:
-        """ready, starting, restarting, failed or shutting_down."""
+        """ready, starting, restarting, unreachable, failed or shutting_down."""
         if self.shutting_down:
             return "shutting_down"
         states = {c.state for c in self._components.values()}
         return next(
-            (s.value for s in (ComponentState.FAILED, ComponentState.RESTARTING) if s in states),
+            (
+                s.value
+                for s in (ComponentState.FAILED, ComponentState.RESTARTING, ComponentState.UNREACHABLE)
+                if s in states
+            ),
             "ready" if self.ready else "starting",
         )
 

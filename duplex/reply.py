@@ -82,6 +82,10 @@ class ReplyHost(Protocol):
         """The reply's first frame is leaving."""
         ...
 
+    def words_ended(self, reply: Reply) -> None:
+        """The LLM's words for the reply ended: all came, or it was stopped or failed."""
+        ...
+
     async def played_out(self, reply: Reply) -> None:
         """Every frame of the reply has left."""
         ...
@@ -109,6 +113,7 @@ class Reply:
         self.tasks: list[asyncio.Task[None]] = []
         self.synthesized = False  # TTS has produced every frame
         self.stopped = False  # `stop` was called: none of its tasks runs again
+        self.words_ended = False  # the LLM's words ended (all came, or stopped or failed)
         self.error: SessionError | None = None  # it failed (LLM or TTS): it ends ``failed``
         self.quick_paused: float | None = None  # paused on a loud onset, awaiting the VAD's confirmation
         self.announced = not held  # its events go to the client (else they are kept back)
@@ -172,6 +177,8 @@ class Reply:
         finally:
             if self.tts.end_text() and self.times.first_phrase is None:
                 self.times.first_phrase = time.monotonic()
+            self.words_ended = True
+            self._host.words_ended(self)
 
     async def _synthesize(self) -> None:
         turn = self._ledger.turn(self.id)

@@ -59,7 +59,7 @@ COMPONENTS = {"vad": "vad", "asr": "asr", "voice": "tts", "llm": "llm"}
 
 def model_choices(config: Config) -> list[ModelChoice]:
     return [
-        ModelChoice(stage, getattr(config, stage), config.llm_quantization if stage == "llm" else "none")
+        ModelChoice(stage, getattr(config, stage), config.llm_weights() if stage == "llm" else "none")
         for stage in STAGES
     ]
 
@@ -146,7 +146,7 @@ class Service:
         for choice in model_choices(self.config):
             if choice.value is not None:
                 args += [f"--{choice.stage}", choice.value]
-        args += ["--llm-quantization", self.config.llm_quantization]
+        args += ["--llm-quantization", self.config.llm_weights()]
         self.startup.begin("prepare")
         self._child = await asyncio.create_subprocess_exec(
             *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE

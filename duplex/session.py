@@ -44,7 +44,7 @@ from duplex.session_config import SessionConfig, check_system_prompt
 from duplex.state import State, StateMachine
 from duplex.transports.port import SessionPort, Sink, Voice
 from duplex.turn import Interruption, TurnTimes, word_times_ms
-from models.conversation import MAX_USER_CHARS, Conversation, check_user_text
+from models.conversation import MAX_USER_CHARS, Conversation, TurnStats, check_user_text
 from models.listen import Listener, ListenEvent, ListenEventKind
 from models.llm import LlmError
 from models.llm_types import LlmUnavailable
@@ -75,6 +75,8 @@ class Session(SessionPort):
         self._inbound = Inbound(self.config, self.echo)
         self._listen_task: asyncio.Task[None] | None = None
         self._reply: Reply | None = None
+        # a reply whose first audio left before its prompt's figures were known (`_report`)
+        self._unreported: tuple[Reply, dict[str, float], TurnStats] | None = None
         self._interruption: Interruption | None = None
         self._echo_utterance = False  # the utterance in progress is the assistant's echo
         self._utterance_start = 0  # stream position of the caller's speech start
@@ -593,8 +595,22 @@ class Session(SessionPort):
 
     def began(self, reply: Reply) -> None:
         self._quick_onsets(True)
-        breakdown = reply.times.breakdown_ms()
         stats = self.conversation.last  # this reply's prompt (its first token came before its audio)
+        self._unreported = (reply, reply.times.breakdown_ms(), stats)
+        if stats.settled or reply.words_ended:
+            self._report(reply)
+
+    def words_ended(self, reply: Reply) -> None:
+        self._report(reply)
+
+    def _report(self, reply: Reply) -> None:
+        """The reply's metrics, once its first audio left and its prompt's figures are
+        the LLM's own (a remote LLM says what its cache held with the request's last
+        words; a reply stopped before them reports the estimate `TurnStats` kept)."""
+        if self._unreported is None or self._unreported[0] is not reply:
+            return
+        _, breakdown, stats = self._unreported
+        self._unreported = None
         tokens = {"prompt_tokens": stats.prompt_tokens, "cached_tokens": stats.cached_tokens}
         metrics.observe_turn(breakdown, stats.prompt_tokens, stats.cached_tokens)
         log.info("session %s: %s began", self.id, reply.id, extra={"fields": breakdown | tokens})

@@ -1,9 +1,10 @@
 """`Startup`: the phases of the service's start-up, for the log, ``/healthz`` and a terminal.
 
     prepare ─► load_vad ─► load_asr ─► load_tts ─► llm_engine ─► llm_weights ─► llm_compile ─► llm_warmup
-    (child:     (this process, worker threads)       (vLLM's engine core, a child process:
-     convert                                          its log lines say where it is)
-     once)
+    (child:     (this process, worker threads)   │   (vLLM's engine core, a child process:
+     convert                                     │    its log lines say where it is)
+     once)                                       └─► llm_service (with llm_url: reach the LLM
+                                                      service, check its tokenizer; waits for it)
 
 Each phase is logged as it begins and as it ends, with its elapsed time, and
 `snapshot` (in ``/healthz``) says which phase is under way, for how long, and the ones
@@ -45,6 +46,7 @@ PHASES = {
     "load_asr": "load the ASR model",
     "load_tts": "load the TTS voice",
     "llm_engine": "start vLLM's engine core",
+    "llm_service": "reach the LLM service and check its tokenizer",
     "llm_weights": "load the LLM's weights",
     "llm_compile": "compile the LLM's graph, or load the compiled one",
     "llm_warmup": "size the KV cache and warm up",

@@ -1,8 +1,12 @@
 """`Conversation`: one session's dialogue, kept as the exact token sequence of its KV.
 
-The session's KV lives in one resumable vLLM request (`models.kv_stream.KvStream`)
-that only ever grows: each turn sends just what the KV lacks, so nothing said before
-is prefilled again, to the token:
+The conversation keeps the token bookkeeping; its backend (`models.llm_backend`) owns
+how the tokens reach a KV cache. In-process, the session's KV lives in one resumable
+vLLM request (`models.kv_stream.KvStream`) that only ever grows: each turn sends just
+what the KV lacks, so nothing said before is prefilled again, to the token. Remote
+(`models.remote_llm`), each chunk is a request for the whole sequence, and the
+server's prefix cache supplies the KV of what the session sent before, to its last
+whole block:
 
     [system][user 1][reply 1][user 2][reply 2] ... [user N][header]   prompt of turn N
     '---------- in the stream's KV ---------------'  '---- chunk ----'
@@ -26,11 +30,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 
-from models.kv_stream import KvStream
-from models.llm import LlmEngine
+from models.llm_backend import LlmBackend, TokenStream
 from models.llm_types import Delta, LlmError
 
 MAX_USER_CHARS = 4000  # ~1,000 tokens: more than anyone says in one breath
@@ -48,8 +51,11 @@ class Turn:
 @dataclass
 class TurnStats:
     prompt_tokens: int = 0
-    cached_tokens: int = 0  # already in the stream's KV, or found in vLLM's prefix cache
+    # already in the stream's KV, or found in vLLM's prefix cache; until `settled`, the
+    # tokens the session sent before (a remote server says with the request's last delta)
+    cached_tokens: int = 0
     first_token_s: float | None = None
+    settled: bool = False  # cached_tokens is the LLM's own figure
 
     @property
     def prefilled_tokens(self) -> int:
@@ -78,7 +84,7 @@ def check_user_text(text: str | bytes) -> str:
 class Conversation:
     _ids = itertools.count()
 
-    def __init__(self, engine: LlmEngine, system_prompt: str | None = None) -> None:
+    def __init__(self, engine: LlmBackend, system_prompt: str | None = None) -> None:
         assert engine.chat_format is not None, "start the engine before making conversations"
         self.engine = engine
         self.format = engine.chat_format
@@ -90,7 +96,7 @@ class Conversation:
         self.turns: list[Turn] = []
         self.session = f"conv{next(self._ids)}"
         self._requests = itertools.count()
-        self._stream: KvStream | None = None
+        self._stream: TokenStream | None = None
         self._lock = asyncio.Lock()  # one chunk at a time on the stream
         self._prefill_wanted = 0  # the latest prefill call; older ones give way
         self._replying = False
@@ -143,7 +149,7 @@ class Conversation:
 
     # -- the stream --
 
-    def _stream_for(self, target: list[int]) -> tuple[KvStream, list[int]]:
+    def _stream_for(self, target: list[int]) -> tuple[TokenStream, list[int]]:
         """The stream to extend towards `target`, and what its KV still lacks of it."""
         stream = self._stream
         if stream is not None and stream.alive:
@@ -151,7 +157,8 @@ class Conversation:
             if len(held) <= len(target) and target[: len(held)] == held:
                 return stream, target[len(held) :]
             stream.close()  # the KV holds what the history no longer says
-        self._stream = stream = self.engine.open_stream(f"{self.session}-s{next(self._requests)}")
+        request_id = f"{self.session}-s{next(self._requests)}"
+        self._stream = stream = self.engine.open_stream(request_id, self.session)
         return stream, list(target)
 
     async def _run(self, target: list[int], stats: TurnStats, max_tokens: int) -> AsyncIterator[Delta]:
@@ -159,15 +166,16 @@ class Conversation:
         stream, chunk = self._stream_for(target)
         stats.prompt_tokens = len(target)
         stats.cached_tokens = len(target) - len(chunk)
+        stats.settled = stream.resumes or not chunk  # else a new request: the server will say
         if not chunk:
             return
-        fresh = not stream.tokens
         started = time.perf_counter()
         async for delta in stream.run(chunk, max_tokens):
             if stats.first_token_s is None:
                 stats.first_token_s = time.perf_counter() - started
-                if fresh:  # a new request: vLLM's figure for what its prefix cache held
-                    stats.cached_tokens = delta.cached_tokens
+            if not stats.settled and delta.cached_tokens is not None:
+                stats.cached_tokens = delta.cached_tokens  # what the prefix cache held
+                stats.settled = True
             yield delta
 
     def close(self) -> None:
@@ -202,7 +210,7 @@ class Conversation:
                 pass
             return stats
 
-    async def reply(self, user_text: str | bytes, turn_id: str = "") -> AsyncIterator[str]:
+    async def reply(self, user_text: str | bytes, turn_id: str = "") -> AsyncGenerator[str, None]:
         """Add the user's turn and stream the reply's text deltas.
 
         The turn is recorded, under ``turn_id``, before the first token is asked for,

@@ -67,6 +67,11 @@ class KvStream:
         self._reader: asyncio.Task[None] | None = None
         self.busy = False  # a chunk is in flight
 
+    @property
+    def resumes(self) -> bool:
+        """The next chunk goes to a request that already holds KV (its own figures)."""
+        return bool(self.tokens)
+
     async def run(self, chunk: list[int], max_tokens: int, ignore_eos: bool = False) -> AsyncIterator[Delta]:
         """Prefill `chunk` on top of `tokens` and stream what is sampled after it.
 

@@ -1,4 +1,5 @@
-"""`LlmEngine`: vLLM's async engine in-process, shared by every session.
+"""`LlmEngine`: vLLM's async engine in-process, shared by every session (the in-process
+`models.llm_backend.LlmBackend`; `models.remote_llm` is the other).
 
 vLLM runs its engine core in a child process and batches the requests of all
 sessions continuously; this object only owns the client side (`AsyncLLM`), which
@@ -82,6 +83,7 @@ class LlmEngine:
         self.chat_format: ChatFormat | None = None
         self.is_cpu = True
         self.counters = EngineCounters()
+        self.where = "in-process"
         self.block_size = 32
         self._budget: KvBudget | None = None  # the KV cache's books, once its size is known
         self._streams: dict[str, KvStream] = {}  # until their reader ends, alive or not
@@ -163,6 +165,13 @@ class LlmEngine:
         no request can be served until `restart`."""
         return self._engine is not None and bool(self._engine.errored)
 
+    @property
+    def restartable(self) -> bool:
+        return True
+
+    async def probe(self) -> bool:
+        return self.started and not self.errored
+
     def _running(self) -> Any:
         """The engine, or `LlmUnavailable` while it is dead or restarting."""
         if self._engine is None or self._engine.errored:
@@ -243,7 +252,9 @@ class LlmEngine:
 
     # -- resumable requests: one per session (models.kv_stream), and the KV's books --
 
-    def open_stream(self, request_id: str) -> KvStream:
+    def open_stream(self, request_id: str, session_key: str = "") -> KvStream:
+        """A resumable request for one session (``session_key`` matters only to a
+        router in front of remote replicas)."""
         self._running()
         assert self._budget is not None
         stream = KvStream(self, request_id)

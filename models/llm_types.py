@@ -29,7 +29,9 @@ class Delta:
     finished: bool
     finish_reason: str | None
     prompt_tokens: int
-    cached_tokens: int  # prompt tokens whose KV vLLM found in its prefix cache
+    # prompt tokens whose KV vLLM found in its prefix cache; None: not known yet (a remote
+    # server says it with the request's last delta)
+    cached_tokens: int | None
 
 
 @dataclass

@@ -103,6 +103,8 @@ class DeadLlm:
     restarts fail ``failing`` times first. The real engine's death is in
     tests/test_faults_served.py."""
 
+    restartable = True
+
     def __init__(self, failing: int = 0) -> None:
         self.errored = True
         self.started = True
@@ -196,6 +198,47 @@ async def test_an_llm_that_keeps_dying_ends_the_service(engines):
         llm.errored = True
         await watch.check()
     assert llm.restarts == 5 and len(gave_up) == 1 and "stopped 6 times" in gave_up[0]
+
+
+class FarLlm:
+    """A stand-in for `RemoteLlm`'s reachability: a service that answers or does not.
+    Against vLLM's own server: tests/test_remote_llm.py."""
+
+    restartable = False
+
+    def __init__(self) -> None:
+        self.answers = True
+        self.probes = 0
+        self.errored = False  # as the last probe found
+
+    async def probe(self) -> bool:
+        self.probes += 1
+        self.errored = not self.answers
+        return self.answers
+
+
+async def test_an_unreachable_llm_service_is_waited_for_never_restarted(engines):
+    llm = FarLlm()
+    watch, readiness, sessions, gave_up = watch_of(engines, llm)
+    await watch.check()
+    assert readiness.ready and llm.probes == 1
+    llm.answers = False
+    llm.errored = True  # as a request that found nobody listening leaves it
+    for _ in range(10):  # however long it lasts: health says so, nothing restarts, no exit
+        await watch.check()
+    snapshot = readiness.snapshot()
+    assert snapshot["status"] == "unreachable" and not readiness.ready
+    assert snapshot["components"]["llm"]["state"] == "unreachable"
+    with pytest.raises(SessionError) as refused:
+        sessions.check_room()
+    assert refused.value.code == "llm_unavailable" and "unreachable" in str(refused.value)
+    assert llm.probes == 11 and not gave_up  # every round while it does not answer
+    llm.answers = True
+    await watch.check()
+    assert readiness.ready and readiness.detail("llm") == "model-llm"
+    sessions.check_room()
+    await watch.check()  # answering: the next probe waits for its period
+    assert llm.probes == 12
 
 
 async def test_a_watcher_round_that_fails_is_logged_and_the_next_one_runs(caplog):

@@ -74,6 +74,9 @@ class Host:
     def began(self, reply: Reply) -> None:
         self.begun.append(reply.id)
 
+    def words_ended(self, reply: Reply) -> None:
+        pass
+
     async def played_out(self, reply: Reply) -> None:
         self.finished.set()
 
