@@ -228,8 +228,11 @@ class RemoteLlm:
             on_loop = False
         if on_loop:
             self._closing = loop.create_task(self.aclose())
-        else:
+            return
+        try:
             asyncio.run_coroutine_threadsafe(self.aclose(), loop).result(timeout)
+        except TimeoutError:  # the loop is stuck: the process is ending anyway
+            log.warning("closing the LLM service's connections took over %g s", timeout)
 
     # -- requests --
 

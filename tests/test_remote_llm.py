@@ -344,10 +344,10 @@ async def front_ends(service: LlmService, link: TcpLink) -> AsyncIterator[tuple[
     b = Server(offline_env(), "--llm-url", service.url)
     try:
         yield a, b
+        for server in (a, b):  # SIGTERM: exit 0 within 5 s, nothing left behind
+            server.stop_cleanly()
     finally:
         for server in (a, b):
-            if server.proc.poll() is None:
-                server.terminate()
             server.output()
 
 
