@@ -73,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_flags(
         serve_llm,
         (
-            *MODEL_KEYS,
+            *(key for key in MODEL_KEYS if key not in ("vad", "asr", "voice")),  # the LLM's only
             "host",
             "llm_execution",
             "llm_kv_cache_gib",
