@@ -37,8 +37,9 @@ from models.conversation import Conversation
 from models.llm import LlmConfig
 from models.llm_types import LlmUnavailable
 from models.remote_llm import RemoteLlm
-from tests.conftest import duplex_command
+from tests.conftest import duplex_command, free_port
 from tests.tcp_link import TcpLink
+from tests.test_faults_served import offline_env
 from tests.test_serve import Server, get_health
 from tests.test_sessions import samples
 
@@ -46,12 +47,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
 
 BLOCK = 32  # the replicas' KV block, in tokens (`duplex serve-llm` on the CPU)
 CONTEXT = 2048  # as the in-process engine of the test session (tests/conftest.py)
-
-
-def offline_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DUPLEX_")}
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1")
-    return env
 
 
 def free_run(n: int) -> int:
@@ -247,6 +242,7 @@ async def test_a_session_prefills_only_its_new_tokens_turn_after_turn(service, r
         found = sum(g[1] for g in grown.values())
         assert asked == stats.prompt_tokens, (turn, grown, stats)
         assert asked - found == stats.prefilled_tokens, (turn, grown, stats)
+    assert turn == 5 and len(conversation.turns) == 5
     conversation.close()
 
 
@@ -333,7 +329,7 @@ async def test_sessions_stay_on_their_replica(service, remote):
 @pytest_asyncio.fixture(loop_scope="session", scope="module")
 async def link(service: LlmService) -> AsyncIterator[TcpLink]:
     """The way from front end A to the service; down until a test brings it up."""
-    link = TcpLink(free_run(1), service.port)
+    link = TcpLink(free_port(), service.port)
     yield link
     await link.down()
 
@@ -418,7 +414,9 @@ async def test_two_front_ends_hold_conversations_on_one_llm_service(front_ends, 
             await conversation.close()
             return out
 
-    for first, second in await asyncio.gather(converse(a), converse(b)):
+    conversations = await asyncio.gather(converse(a), converse(b))
+    assert len(conversations) == 2 and all(len(c) == 2 for c in conversations)
+    for first, second in conversations:
         assert second.prompt_tokens > first.prompt_tokens
         assert second.cached_tokens >= first.prompt_tokens - BLOCK, (first, second)
     for server in (a, b):  # and each front end's /metrics counts them
@@ -456,6 +454,7 @@ async def test_a_tokenizer_that_differs_from_the_services_is_refused_at_start(se
     for name in os.listdir(model_dir):
         if not name.endswith(".safetensors"):
             shutil.copy(Path(model_dir) / name, other / name)
+    assert (other / "config.json").is_file()  # the copy happened; tokenizer.json is read next
     tokenizer = json.loads((other / "tokenizer.json").read_text())
     vocab = tokenizer["model"]["vocab"]
     vocab["Hello"], vocab["Ġit"] = vocab["Ġit"], vocab["Hello"]  # two ids swapped

@@ -10,10 +10,9 @@
 // A URL whose host is not 127.0.0.1 is resolved to 127.0.0.1 by Chromium itself: a page
 // from a name, which the browser does not count as a secure origin. --no-microphone
 // expects that: the page must say what to do instead of connecting.
-import { writeFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import { join } from "node:path";
-import { chromium } from "playwright-core";
+import { launch, run } from "./chromium.mjs";
 
 const [url, wav, out, ...rest] = process.argv.slice(2);
 const option = (name, fallback) => {
@@ -29,21 +28,9 @@ const AXE = createRequire(import.meta.url).resolve("axe-core/axe.min.js");
 // WCAG 2.0, 2.1 and 2.2, levels A and AA: names, labels, ARIA, contrast
 const AXE_TAGS = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa", "wcag22aa"];
 
-const browser = await chromium.launch({
-  executablePath: "/usr/bin/chromium",
-  headless: true,
-  args: [
-    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    `--host-resolver-rules=${host === "127.0.0.1" ? "" : `MAP ${host} 127.0.0.1 , `}MAP * ~NOTFOUND , EXCLUDE 127.0.0.1`,
-    "--allow-loopback-in-peer-connection",
-    "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
-    `--use-file-for-fake-audio-capture=${wav}%noloop`,
-    "--autoplay-policy=no-user-gesture-required",
-  ],
-});
+const browser = await launch(wav, host);
 const result = { ok: false, log: [], axe: {} };
-try {
+await run(browser, out, result, async () => {
   const context = await browser.newContext({ permissions: ["microphone"], viewport: { width: 900, height: 900 } });
   await context.addInitScript(recordAnnouncements);
   await context.addInitScript({ path: AXE }); // window.axe in the page (as a DevTools script: no CSP applies)
@@ -92,13 +79,7 @@ try {
       await page.screenshot({ path: join(out, "page.png"), fullPage: true });
     }
   }
-  result.ok = true;
-} catch (error) {
-  result.error = String(error);
-} finally {
-  await browser.close();
-  writeFileSync(join(out, "result.json"), JSON.stringify(result));
-}
+});
 
 function snapshot(page) {
   return page.evaluate(() => {

@@ -4,26 +4,13 @@
 // a network namespace that holds only loopback (tests/test_examples.py does that).
 //
 //   node example_page.mjs URL WAV OUT_DIR
-import { writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { chromium } from "playwright-core";
+import { launch, run } from "./chromium.mjs";
 
 const [url, wav, out] = process.argv.slice(2);
-const browser = await chromium.launch({
-  executablePath: "/usr/bin/chromium",
-  headless: true,
-  args: [
-    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",
-    "--allow-loopback-in-peer-connection",
-    "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
-    `--use-file-for-fake-audio-capture=${wav}%noloop`,
-    "--autoplay-policy=no-user-gesture-required",
-  ],
-});
+const browser = await launch(wav);
 const result = { ok: false, log: [] };
-try {
+await run(browser, out, result, async () => {
   const context = await browser.newContext({ permissions: ["microphone"] });
   const page = await context.newPage();
   page.on("console", (message) => result.log.push(`${message.type()}: ${message.text()}`));
@@ -47,10 +34,4 @@ try {
     return { packetsReceived, bytesReceived, totalAudioEnergy, totalSamplesDuration };
   });
   await page.screenshot({ path: join(out, "page.png"), fullPage: true });
-  result.ok = true;
-} catch (error) {
-  result.error = String(error);
-} finally {
-  await browser.close();
-  writeFileSync(join(out, "result.json"), JSON.stringify(result));
-}
+});
