@@ -73,11 +73,10 @@ async def _session(
         await session.close()
     v2v, stops, exact, cuts = [], [], 0, 0
     created = caller.of_type(ev.RESPONSE_CREATED)
-    for span in caller.voice_spans:  # the first reply after each utterance
-        after = [e for e in created if e.at > span[1]]
-        first = caller.first_frame(str(after[0].data["response_id"])) if after else None
-        if first is not None:
-            v2v.append((first - span[1]) * 1000)
+    samples = []
+    for k, answer, heard_at, voice_end in replies_to_utterances(caller):
+        v2v.append((heard_at - voice_end) * 1000)
+        samples.append({"session": i, "utterance": k, "response_id": answer, "v2v_ms": round(v2v[-1], 1)})
     for done in caller.of_type(ev.RESPONSE_DONE):
         cut = [e for e in caller.of_type(ev.TRUNCATED) if e.data["item_id"] == done.data["item_id"]]
         if done.data["status"] != "cancelled" or not cut:
@@ -102,7 +101,29 @@ async def _session(
         "self_interruptions": session.barge_ins + session.resumes + session.false_alarms - scripted,
         "replies": len(created),
         "breakdowns": [e.data for e in caller.of_type(ev.METRICS)],
+        "v2v_samples": samples,
     }
+
+
+def replies_to_utterances(caller: VirtualCaller) -> list[tuple[int, str, float, float]]:
+    """(utterance, reply id, its first frame, the utterance's last voiced instant) for
+    each utterance answered: the first reply created after the utterance began (and
+    before the next one began) whose audio reached the caller. Not the first reply
+    created after the voice ended: a turn judged over in a pause, or a recording whose
+    quiet tail counts as voiced, has its reply created before that, and the next
+    utterance's reply would be taken for it (a sample of seconds)."""
+    created = caller.of_type(ev.RESPONSE_CREATED)
+    spans = caller.voice_spans
+    out = []
+    for k, (start, end) in enumerate(spans):
+        before = spans[k + 1][0] if k + 1 < len(spans) else float("inf")
+        for event in created:
+            rid = str(event.data["response_id"])
+            first = caller.first_frame(rid)
+            if start < event.at < before and first is not None:
+                out.append((k, rid, first, end))
+                break
+    return out
 
 
 async def run_sessions(
@@ -137,6 +158,8 @@ async def run_sessions(
         "replies": sum(r["replies"] for r in results),
         "wall_s": round(time.perf_counter() - started, 1),
         "rss_growth_mb": round((process.memory_info().rss - rss0) / 2**20, 1),
+        "v2v_samples": [x for r in results for x in r["v2v_samples"]],
+        "end_of_turn": _end_of_turn(results),
     }
     cpu = process.cpu_times()
     cpu_s = cpu.user + cpu.system - cpu0.user - cpu0.system
@@ -147,6 +170,16 @@ async def run_sessions(
         out["v2v_ms_by_turn"] = [round(x, 1) for x in results[0]["v2v_ms"]]
         out["steps_ms_by_half"] = _steps_by_half(results[0]["breakdowns"])
     return out
+
+
+def _end_of_turn(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """How the turns ended: the silence waited and the LLM's score, from the sessions'
+    own per-turn metrics."""
+    turns = [b for r in results for b in r["breakdowns"] if "silence_waited_ms" in b]
+    return {
+        "silence_waited_ms": percentiles([b["silence_waited_ms"] for b in turns]),
+        "score": percentiles([b["end_of_turn_score"] for b in turns if "end_of_turn_score" in b]),
+    }
 
 
 def _steps_by_half(breakdowns: list[dict[str, Any]]) -> dict[str, list[float]]:

@@ -1,99 +1,259 @@
-"""``duplex bench endpoint``: what each end-of-turn silence costs, to choose the default.
+"""``duplex bench endpoint``: what each end-of-turn policy costs, to choose the defaults.
 
-Two sides of one setting (`SessionConfig.end_of_turn_ms`, the VAD's silence that ends
-the caller's turn):
+A policy ends the caller's turn after ``end_of_turn_ms`` of silence, or after
+``complete_turn_ms`` when the LLM judges the words so far a finished turn (its
+probability of the end of the user's message there at least ``threshold``; see
+`duplex.turn_policy.turn_is_over`). Silence alone is the policy with no threshold.
 
-- ``split_rate``: turns of two sentences (each pair of the spoken test set, as one
-  caller would say them) that the VAD would end early, inside the turn, at a pause
-  between or within the sentences. The turn's audio goes through a real `VadStream`
-  with that silence; a split is a ``speech_end`` before the turn's last voiced sample.
-- ``v2v_ms``: voice-to-voice with that silence, one real-time session of
-  ``turns`` questions (echo on, speculative replies on), as ``duplex bench conversation``.
+Two turn sets, each turn's audio heard by a real `Listener` (VAD and streaming ASR) and
+every pause in it scored by the real LLM, as a session does (the words ASR has at the
+pause, `Conversation.end_of_turn`):
+
+- ``pairs``: two sentences of the spoken test set as one caller would say them;
+- ``mid_sentence``: a sentence broken off mid-clause by a pause of 300-600 ms
+  (hesitations, lists, numbers), synthesized, or the caller's own recordings
+  (``--utterances``, each with its pause where it falls).
+
+For each policy and set: ``split_rate``, the turns it would end early, at a pause
+inside them (a pause counts if it lasted long enough, however long the LLM took: an
+upper bound); ``silence_waited_ms``, the silence it waits at the turn's real end. And
+``v2v_ms``: voice-to-voice with that policy in one real-time session of ``turns``
+questions (echo on), as ``duplex bench conversation``, with its turns' own silence
+waited (``session_silence_waited_ms``, which counts the time the ASR and the LLM took).
 """
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from audio_io.pcm import RUNTIME_RATE
 from audio_io.resample import resample
+from audio_io.wav import read_wav
 from benchmarks.common import bench_main, new_plot, percentiles, save_plot
 from benchmarks.conversation import clips_for, run_sessions, with_engines
 from duplex.config import Config
 from duplex.engines import Engines
 from duplex.session_config import SessionConfig
+from duplex.turn_policy import turn_is_over
+from models.conversation import Conversation
+from models.listen import Listener, ListenEventKind
 from models.speech_set import SENTENCES
 from models.tts import voiced_span
-from models.vad import VadConfig, VadEngine, VadEventKind
+from models.vad import VadConfig
 
-CANDIDATES_MS = (200, 300, 400, 500, 600, 800)
 CHUNK = RUNTIME_RATE // 50  # fed in 20 ms frames, as a transport would
+SCORED_PAUSE_MS = 96  # every pause this long is transcribed and scored (sessions: 96-192)
+MID_SENTENCE = (  # (words before the pause, after it)
+    ("I'd like to book a table for", "four people at seven tonight."),
+    ("My number is four one five", "two six seven, eight nine."),
+    ("I need to buy milk, eggs and", "a loaf of bread."),
+    ("Can you tell me", "how far away the moon is?"),
+    ("The meeting is on", "Tuesday at three."),
+    ("Um, I was wondering if", "you could help me."),
+    ("So the thing is", "my car won't start."),
+    ("What I really want to know is", "why the sky is blue."),
+    ("The code is seven", "three nine two."),
+    ("I want to go to", "the train station, please."),
+    ("Could you add apples, uh", "bananas and some grapes?"),
+    ("Let me think, the date was the", "twenty first of March."),
+)
+PAUSES_S = (0.3, 0.4, 0.45, 0.6)
 
 
-async def _splits(vad: VadEngine, turn: np.ndarray, end_of_turn_ms: int) -> int:
-    """How many times the VAD ended this turn before its last voiced sample."""
-    config = VadConfig(min_silence_ms=end_of_turn_ms, pause_ms=min(192, end_of_turn_ms))
-    stream = vad.stream(config)
+@dataclass(frozen=True)
+class Policy:
+    end_of_turn_ms: int
+    complete_turn_ms: int | None = None  # None: silence alone
+    threshold: float = 0.0
+
+    @property
+    def name(self) -> str:
+        if self.complete_turn_ms is None:
+            return f"silence {self.end_of_turn_ms}"
+        return f"meaning {self.complete_turn_ms}/{self.threshold:g} else {self.end_of_turn_ms}"
+
+    def ends(self, silence_ms: float, score: float | None) -> bool:
+        """Would a pause this long, after words scored so, end the turn?"""
+        if silence_ms >= self.end_of_turn_ms:
+            return True
+        return self.complete_turn_ms is not None and turn_is_over(
+            score, silence_ms, self.complete_turn_ms, self.threshold
+        )
+
+    def waited_ms(self, score: float | None) -> float:
+        """The silence it waits at the end of a turn whose words are scored so."""
+        if self.complete_turn_ms is not None and turn_is_over(
+            score, self.end_of_turn_ms, self.complete_turn_ms, self.threshold
+        ):
+            return float(self.complete_turn_ms)
+        return float(self.end_of_turn_ms)
+
+    def session_config(self) -> SessionConfig:
+        if self.complete_turn_ms is None:
+            return SessionConfig(end_of_turn_ms=self.end_of_turn_ms, end_of_turn_by_meaning=False)
+        return SessionConfig(
+            end_of_turn_ms=self.end_of_turn_ms,
+            complete_turn_ms=self.complete_turn_ms,
+            complete_turn_threshold=self.threshold,
+        )
+
+
+POLICIES = (
+    Policy(300),
+    Policy(500),
+    Policy(800),
+    *(Policy(500, ms, p) for ms in (200, 250, 300, 350) for p in (0.1, 0.2, 0.3, 0.5)),
+    Policy(800, 300, 0.2),
+)
+TIMED = (Policy(500), Policy(500, 200, 0.3), Policy(500, 300, 0.3))  # the last: the defaults
+
+
+@dataclass(frozen=True)
+class Pause:
+    silence_ms: float  # how long it lasted (the turn's last: as long as the audio)
+    score: float | None  # the LLM's P(the turn is over) after the words heard by then
+    words: str
+    inside: bool  # before the turn's last voiced sample: ending the turn here splits it
+
+
+async def pauses_of(engines: Engines, turn: npt.NDArray[np.int16]) -> list[Pause]:
+    """Every pause of at least `SCORED_PAUSE_MS` in a turn, as a session would judge it."""
+    listener = Listener(engines.vad, engines.asr, VadConfig(min_silence_ms=10_000, pause_ms=SCORED_PAUSE_MS))
+    conversation = Conversation(engines.llm)
     _, last_voiced = voiced_span(turn.astype(np.float32), RUNTIME_RATE)
     audio = np.concatenate([turn, np.zeros(RUNTIME_RATE, np.int16)])  # and a second of silence
-    ends = []
-    for start in range(0, audio.size, CHUNK):
-        for event in await stream.push(audio[start : start + CHUNK]):
-            if event.kind is VadEventKind.SPEECH_END:
-                ends.append(event.position)
-    return sum(1 for position in ends if position < last_voiced)
+    found: list[tuple[int, float | None, str]] = []  # (pause start, score, words)
+    ended: dict[int, int] = {}  # pause start -> where speech resumed
+    try:
+        for start in range(0, audio.size, CHUNK):
+            before = listener.vad.pause
+            for event in await listener.push(audio[start : start + CHUNK]):
+                if event.kind is ListenEventKind.PAUSED and listener.vad.pause is not None:
+                    words = await listener.asr.speculative() or ""
+                    score = await conversation.end_of_turn(words) if words.strip() else None
+                    found.append((listener.vad.pause, score, words))
+            if before is not None and listener.vad.pause is None:
+                ended[before] = listener.position
+            await listener.asr.idle()
+    finally:
+        listener.close()
+        conversation.close()
+    return [
+        Pause(
+            (ended.get(at, audio.size) - at) * 1000 / RUNTIME_RATE,
+            score,
+            words,
+            at < last_voiced,
+        )
+        for at, score, words in found
+    ]
 
 
-def bench_endpoint(
-    config: Config, turns: int = 10, candidates: tuple[int, ...] = CANDIDATES_MS
-) -> dict[str, Any]:
+def judge(policy: Policy, turns: list[list[Pause]]) -> dict[str, Any]:
+    splits = [any(p.inside and policy.ends(p.silence_ms, p.score) for p in turn) for turn in turns]
+    finals = [next((p for p in reversed(turn) if not p.inside), None) for turn in turns]
+    waited = [policy.waited_ms(p.score) for p in finals if p is not None]
+    return {
+        "split_rate": round(sum(splits) / len(turns), 3),
+        "splits": sum(splits),
+        "silence_waited_ms": percentiles(waited),
+    }
+
+
+def mid_sentence_turns(engines: Engines, recordings: list[str] | None) -> list[npt.NDArray[np.int16]]:
+    if recordings:
+        out = []
+        for path in recordings:
+            samples, rate = read_wav(path)
+            out.append(resample(samples, rate, RUNTIME_RATE))
+        return out
+    tts = engines.tts
+
+    def say(text: str) -> npt.NDArray[np.int16]:
+        """The words alone: the voice's own silence before and after is cut, so that the
+        pause between the two parts is the one given."""
+        audio = resample(tts.synthesize(text).audio, tts.sample_rate, RUNTIME_RATE)
+        first, last = voiced_span(audio.astype(np.float32), RUNTIME_RATE)
+        return audio[first:last]
+
+    return [
+        np.concatenate([say(a), np.zeros(int(PAUSES_S[i % len(PAUSES_S)] * RUNTIME_RATE), np.int16), say(b)])
+        for i, (a, b) in enumerate(MID_SENTENCE)
+    ]
+
+
+def bench_endpoint(config: Config, turns: int = 10, recordings: list[str] | None = None) -> dict[str, Any]:
     async def body(engines: Engines) -> dict[str, Any]:
         tts = engines.tts
         pairs = [f"{SENTENCES[i]} {SENTENCES[(i + 1) % len(SENTENCES)]}" for i in range(len(SENTENCES))]
-        spoken = [resample(tts.synthesize(t).audio, tts.sample_rate, RUNTIME_RATE) for t in pairs]
+        sets = {
+            "pairs": [resample(tts.synthesize(t).audio, tts.sample_rate, RUNTIME_RATE) for t in pairs],
+            "mid_sentence": mid_sentence_turns(engines, recordings),
+        }
+        heard = {name: [await pauses_of(engines, turn) for turn in audio] for name, audio in sets.items()}
         clips = clips_for(engines)
-        out: dict[str, Any] = {}
-        for ms in candidates:
-            split = [await _splits(engines.vad, turn, ms) for turn in spoken]
-            session = SessionConfig(end_of_turn_ms=ms)
-            run = await run_sessions(engines, clips, 1, turns, session) if turns else {}
-            out[str(ms)] = {
-                "split_rate": round(sum(1 for s in split if s) / len(split), 3),
-                "splits": sum(split),
-                "v2v_ms": run.get("v2v_ms", percentiles([])),
-                "self_interruptions": run.get("self_interruptions"),
-            }
-        return {"end_of_turn_ms": out, "turns_checked_for_splits": len(spoken)}
+        policies: dict[str, Any] = {}
+        for policy in POLICIES:
+            row: dict[str, Any] = {name: judge(policy, turns_) for name, turns_ in heard.items()}
+            if turns and policy in TIMED:
+                run = await run_sessions(engines, clips, 1, turns, policy.session_config())
+                row["v2v_ms"] = run["v2v_ms"]
+                row["session_silence_waited_ms"] = run["end_of_turn"]["silence_waited_ms"]
+                row["self_interruptions"] = run["self_interruptions"]
+            policies[policy.name] = row
+        return {
+            "policies": policies,
+            "turns": {name: len(audio) for name, audio in sets.items()},
+            "pauses": {
+                name: [
+                    [
+                        {
+                            "silence_ms": round(p.silence_ms),
+                            "score": p.score,
+                            "words": p.words,
+                            "inside": p.inside,
+                        }
+                        for p in turn
+                    ]
+                    for turn in turns_
+                ]
+                for name, turns_ in heard.items()
+            },
+            "mid_sentence_source": "recordings" if recordings else "synthesized",
+        }
 
     return with_engines(
         config,
         body,
-        "split_rate: two-sentence turns of the spoken test set ended early by the VAD at that "
-        "silence; v2v_ms: one real-time session of questions with echo at -20 dB",
+        "split_rate: turns a policy would end at a pause inside them (every pause of 96 ms or more "
+        "transcribed and scored by the LLM, as a session does); silence_waited_ms: at the turns' real "
+        "end; v2v_ms: one real-time session of questions with echo at -20 dB",
     )
 
 
 def measure(config: Config, args: argparse.Namespace) -> dict[str, Any]:
-    return bench_endpoint(config, turns=args.turns or 10)
+    return bench_endpoint(config, turns=args.turns or 10, recordings=args.utterances)
 
 
 def plot(result: dict[str, Any]) -> None:
-    """Split rate and voice-to-voice by setting."""
-    settings = sorted(result["end_of_turn_ms"], key=int)
-    rows = [result["end_of_turn_ms"][s] for s in settings]
+    """Split rate against the silence waited, per policy, on the mid-sentence turns."""
     fig, ax = new_plot()
-    ax.plot([int(s) for s in settings], [r["v2v_ms"]["p50"] for r in rows], "o-", label="voice-to-voice p50")
-    ax.plot(
-        [int(s) for s in settings],
-        [r["split_rate"] * 1000 for r in rows],
-        "s--",
-        label="turns split, per mille",
-    )
+    for name, row in result["policies"].items():
+        x = row["mid_sentence"]["silence_waited_ms"]["p50"]
+        y = row["mid_sentence"]["split_rate"] * 100
+        ax.plot([x], [y], "o" if name.startswith("meaning") else "s", label=name)
     save_plot(
-        fig, ax, "endpoint", "End-of-turn silence (CPU, 2 cores)", "ms / per mille", xlabel="end_of_turn_ms"
+        fig,
+        ax,
+        "endpoint",
+        "End-of-turn policies, turns with mid-sentence pauses (CPU, 2 cores)",
+        "turns split, %",
+        xlabel="silence waited at the end of the turn, p50 (ms)",
     )
 
 

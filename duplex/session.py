@@ -78,6 +78,7 @@ class Session(SessionPort):
         # a reply whose first audio left before its prompt's figures were known (`_report`)
         self._unreported: tuple[Reply, dict[str, float], TurnStats] | None = None
         self._interruption: Interruption | None = None
+        self._score: tuple[int, float] | None = None  # (the VAD's pause, P(the turn is over) there)
         self._echo_utterance = False  # the utterance in progress is the assistant's echo
         self._utterance_start = 0  # stream position of the caller's speech start
         self._quick_holdoff = 0.0
@@ -269,6 +270,10 @@ class Session(SessionPort):
             try:
                 for event in await self._listener.push(samples):
                     await self._on_listen(event)
+                if self._turn_over_by_meaning():
+                    self._times.silence_ms = self._listener.silence_ms
+                    for event in await self._listener.end_turn():
+                        await self._on_listen(event)
                 await self._check_interruption()
                 held = self._reply
                 if held is not None and held.held and self._listener.speaking and not self._listener.paused:
@@ -318,16 +323,15 @@ class Session(SessionPort):
             else:
                 self._emit(ev.TRANSCRIPT_DELTA, item_id=self._user_item, delta=event.result.text)
                 committed = " ".join(w.text for w in event.result.committed)
-                if committed and self._reply is None:
+                if committed and self._reply is None and not (self._listener and self._listener.paused):
                     self._prefill("\n".join([*self._unanswered, committed]))
         elif kind is ListenEventKind.PAUSED:
-            c = self.config
-            interrupting, replying = self._interruption is not None, self._reply is not None
-            if policy.should_speculate(c.speculative_replies, c.answer_turns, interrupting, replying):
-                self._speculate()
+            self._paused()
         elif kind is ListenEventKind.SPEECH_STOPPED:
             self._times.speech_end = self._inbound.arrival(event.position)
             self._times.stopped = event.at
+            if self._times.silence_ms is None:  # the VAD's whole silence
+                self._times.silence_ms = float(self.config.end_of_turn_ms)
             if self._interruption is None:
                 self._emit(ev.SPEECH_STOPPED, item_id=self._user_item, audio_end_ms=event.position // 16)
             else:  # told if it turns out to be a barge-in (`_barge_in`)
@@ -539,19 +543,52 @@ class Session(SessionPort):
         reply.emit(ev.RESPONSE_CREATED)
         reply.start(self.conversation.reply(text, reply.id), self.conversation.abort)
 
-    def _speculate(self) -> None:
-        """The caller paused: start the reply to what they said so far, silently (held)."""
+    def _paused(self) -> None:
+        """The caller paused: their words so far are transcribed at once (the pass that
+        will be the final if the turn ends here), the LLM says how likely the turn is over
+        after them (`_turn_over_by_meaning` acts on it), and the reply to them begins,
+        silently (held), to be released if the turn ends with these words."""
         assert self._listener is not None
-        asr = self._listener.asr
-        times = self._times
+        c = self.config
+        interrupting, replying = self._interruption is not None, self._reply is not None
+        speculate = policy.should_speculate(c.speculative_replies, c.answer_turns, interrupting, replying)
+        score = c.end_of_turn_by_meaning and not interrupting and not replying
+        if not (speculate or score):
+            return
+        listener, times, pause = self._listener, self._times, self._listener.vad.pause
+        if pause is None:
+            return
 
         async def run() -> None:
-            text = await asr.speculative()
+            text = await listener.asr.speculative()
             times.final = time.monotonic()
-            if text and self._reply is None and self._listener and self._listener.paused:
+            if not text or listener.vad.pause != pause:
+                return  # nothing heard, or the caller went on
+            if score:
+                p = await self._turn_score(text)
+                if p is not None and listener.vad.pause == pause:
+                    self._score, times.end_of_turn_score = (pause, p), p
+            if speculate and self._reply is None and listener.paused and listener.vad.pause == pause:
                 self._respond(text.strip(), times, held=True)
 
-        self._own(asyncio.create_task(run(), name=f"{self.id}-speculate"))
+        self._own(asyncio.create_task(run(), name=f"{self.id}-paused"))
+
+    async def _turn_score(self, words: str) -> float | None:
+        try:
+            return await self.conversation.end_of_turn("\n".join([*self._unanswered, words]))
+        except LlmError:  # the LLM is out: silence alone ends the turn
+            return None
+
+    def _turn_over_by_meaning(self) -> bool:
+        """In a pause after words the LLM judged a finished turn, long enough for it?"""
+        listener, score = self._listener, self._score
+        if listener is None or score is None or not listener.paused or listener.vad.pause != score[0]:
+            return False
+        if self._interruption is not None or self._echo_utterance or not self.config.end_of_turn_by_meaning:
+            return False
+        c = self.config
+        silence = listener.silence_ms
+        return policy.turn_is_over(score[1], silence, c.complete_turn_ms, c.complete_turn_threshold)
 
     async def _stop_reply(self) -> None:
         """Whatever reply is in progress ends: cut if it was heard, dropped if held back."""
@@ -611,7 +648,10 @@ class Session(SessionPort):
             return
         _, breakdown, stats = self._unreported
         self._unreported = None
-        tokens = {"prompt_tokens": stats.prompt_tokens, "cached_tokens": stats.cached_tokens}
+        tokens: dict[str, float] = {"prompt_tokens": stats.prompt_tokens}
+        tokens["cached_tokens"] = stats.cached_tokens
+        if reply.times.end_of_turn_score is not None:
+            tokens["end_of_turn_score"] = round(reply.times.end_of_turn_score, 4)
         metrics.observe_turn(breakdown, stats.prompt_tokens, stats.cached_tokens)
         log.info("session %s: %s began", self.id, reply.id, extra={"fields": breakdown | tokens})
         self._emit(ev.METRICS, response_id=reply.id, **breakdown, **tokens)

@@ -13,6 +13,10 @@ if TYPE_CHECKING:
     from models.vad import VadConfig
 
 MAX_SYSTEM_PROMPT = 8000  # characters
+# A pause this long starts the judgement of the caller's turn: the final pass, the LLM's
+# score and the held reply (measured: 96 ms instead of 192 brings the reply ~100 ms
+# sooner, see docs/performance.md "End of turn")
+JUDGED_PAUSE_MS = 96
 
 
 def check_system_prompt(prompt: object) -> str | None:
@@ -33,6 +37,12 @@ class SessionConfig:
     input_channels: int = 1
     system_prompt: str | None = None
     end_of_turn_ms: int = 500  # VAD silence that ends the caller's turn (duplex bench endpoint)
+    # ... or this much, after words the LLM judges a finished turn (`turn_policy.turn_is_over`;
+    # both chosen with duplex bench endpoint: shorter splits more two-sentence turns, and
+    # the reply is not ready sooner on 2 cores)
+    complete_turn_ms: int = 300
+    complete_turn_threshold: float = 0.3  # the LLM's probability that the user's message ends there
+    end_of_turn_by_meaning: bool = True  # false: silence alone (end_of_turn_ms) ends the turn
     resume_false_interruptions: bool = True  # speech over the reply with no words resumes it
     echo_suppression_db: float = 12.0
     speculative_replies: bool = True  # begin the reply, silently, at a pause in the caller's voice
@@ -51,6 +61,9 @@ class SessionConfig:
     # settings a client may change while the session runs (`Session.configure`)
     RUNTIME_KEYS: ClassVar[tuple[str, ...]] = (
         "end_of_turn_ms",
+        "complete_turn_ms",
+        "complete_turn_threshold",
+        "end_of_turn_by_meaning",
         "resume_false_interruptions",
         "speculative_replies",
         "barge_in_min_speech_ms",
@@ -70,6 +83,7 @@ class SessionConfig:
         check_system_prompt(self.system_prompt)
         for key, low, high in (
             ("end_of_turn_ms", 200, 5000),
+            ("complete_turn_ms", 100, 5000),
             ("barge_in_min_speech_ms", 20, 1000),
             ("speech_prefix_ms", 0, 2000),
         ):
@@ -85,8 +99,12 @@ class SessionConfig:
             or not 0.2 <= threshold <= 0.95
         ):
             raise SessionError("bad_config", "vad_threshold must be a number from 0.2 to 0.95")
+        score = self.complete_turn_threshold
+        if isinstance(score, bool) or not isinstance(score, int | float) or not 0 <= score <= 1:
+            raise SessionError("bad_config", "complete_turn_threshold must be a number from 0 to 1")
         for key in (
             "resume_false_interruptions",
+            "end_of_turn_by_meaning",
             "speculative_replies",
             "playback_acks",
             "quick_pause",
@@ -107,9 +125,13 @@ class SessionConfig:
 
     def vad(self, base: VadConfig) -> VadConfig:
         """The VAD's settings for this session, on top of ``base``."""
+        # the pause that starts the turn's final pass, its score and the held reply:
+        # sooner when meaning may end the turn (the reply must be ready by then)
+        pause_ms = min(base.pause_ms, JUDGED_PAUSE_MS) if self.end_of_turn_by_meaning else base.pause_ms
         return replace(
             base,
             min_silence_ms=self.end_of_turn_ms,
+            pause_ms=min(pause_ms, self.complete_turn_ms, self.end_of_turn_ms),
             threshold=self.vad_threshold,
             prefix_pad_ms=self.speech_prefix_ms,
         )

@@ -21,12 +21,15 @@ class TurnTimes:
     first_phrase: float | None = None  # the first phrase's text is complete
     first_audio: float | None = None  # TTS produced the first frame
     first_sent: float | None = None  # the first frame left the server
+    silence_ms: float | None = None  # the pause that ended the turn had lasted this long
+    end_of_turn_score: float | None = None  # the LLM's P(the turn is over) at that pause
 
     def breakdown_ms(self) -> dict[str, float]:
         def ms(a: float | None, b: float | None) -> float | None:
             return None if a is None or b is None else round((b - a) * 1000, 1)
 
         steps = {
+            "silence_waited_ms": None if self.silence_ms is None else round(self.silence_ms, 1),
             "endpoint_ms": ms(self.speech_end, self.stopped),
             "asr_final_ms": ms(self.stopped, self.final),
             "llm_first_token_ms": ms(self.final, self.first_token),

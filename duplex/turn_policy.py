@@ -3,9 +3,10 @@ a verdict out. No session, no models, no clock (times are passed in), so each is
 in milliseconds on a table of cases (tests/test_turn_policy.py); `duplex.session`
 gathers the inputs and acts on the verdicts.
 
-The rules. The end of the caller's turn is the VAD's silence (``end_of_turn_ms``) with
-words from ASR. Speech that starts while the assistant talks is first checked against
-the echo of what was sent (`EchoGate`): echo is ignored, utterance and all. Otherwise
+The rules. The end of the caller's turn is a pause after words the LLM judges a finished
+turn (``complete_turn_ms``, `turn_is_over`), or else the VAD's silence (``end_of_turn_ms``).
+Speech that starts while the assistant talks is first checked against the echo of what
+was sent (`EchoGate`): echo is ignored, utterance and all. Otherwise
 the reply is paused at once and the interruption is *tentative* (sooner still: a frame
 louder than the reply's echo and the room could be pauses the reply ~100 ms before the
 VAD decides; if the VAD hears no caller within `QUICK_PAUSE_CONFIRM_S`, the reply goes
@@ -160,6 +161,14 @@ def finished_turn(text: str, over_reply_said: str | None, answer_turns: bool) ->
     if not answer_turns:
         return Turn.HOLD
     return Turn.AFTER_REPLY if over_reply_said is not None else Turn.ANSWER
+
+
+def turn_is_over(score: float | None, silence_ms: float, complete_ms: int, threshold: float) -> bool:
+    """The caller is in a pause: is their turn over already, before the VAD's whole
+    ``end_of_turn_ms``? Yes once the pause has lasted ``complete_ms`` after words the LLM
+    judges a finished turn: ``score`` (the probability it gives the end of the user's
+    message right after them; None: not known yet) at least ``threshold``."""
+    return score is not None and score >= threshold and silence_ms >= complete_ms
 
 
 def should_speculate(

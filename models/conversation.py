@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
@@ -102,6 +103,7 @@ class Conversation:
         self._replying = False
         self.last = TurnStats()
         self.dropped_turns = 0
+        self._scored: tuple[list[int], float] | None = None  # (prefix, P(user's turn ends after it))
 
     def set_system_prompt(self, system_prompt: str | None) -> None:
         """New instructions from the next turn on (the KV is re-prefilled once: the
@@ -161,7 +163,9 @@ class Conversation:
         self._stream = stream = self.engine.open_stream(request_id, self.session)
         return stream, list(target)
 
-    async def _run(self, target: list[int], stats: TurnStats, max_tokens: int) -> AsyncIterator[Delta]:
+    async def _run(
+        self, target: list[int], stats: TurnStats, max_tokens: int, logprobs_of: list[int] | None = None
+    ) -> AsyncIterator[Delta]:
         """Bring the stream's KV to `target` and stream what is sampled after it."""
         stream, chunk = self._stream_for(target)
         stats.prompt_tokens = len(target)
@@ -170,7 +174,7 @@ class Conversation:
         if not chunk:
             return
         started = time.perf_counter()
-        async for delta in stream.run(chunk, max_tokens):
+        async for delta in stream.run(chunk, max_tokens, logprobs_of=logprobs_of):
             if stats.first_token_s is None:
                 stats.first_token_s = time.perf_counter() - started
             if not stats.settled and delta.cached_tokens is not None:
@@ -186,10 +190,12 @@ class Conversation:
 
     # -- turns --
 
-    async def prefill(self, partial_text: str) -> TurnStats:
+    async def prefill(self, partial_text: str, latest: bool = True) -> TurnStats:
         """Put the KV of the user's words so far in the stream (one throwaway token).
 
-        Calls that arrive while one is running coalesce: only the latest words are sent.
+        Calls that arrive while one is running coalesce: only the latest words are sent
+        (``latest=False``: this call's words are sent even if newer ones came meanwhile).
+        The pass also yields how likely the turn ends after the words (`end_of_turn`).
         """
         text = partial_text.strip()
         if not text:
@@ -197,7 +203,7 @@ class Conversation:
         self._prefill_wanted += 1
         mine = self._prefill_wanted
         async with self._lock:
-            if mine != self._prefill_wanted:
+            if latest and mine != self._prefill_wanted:
                 return TurnStats()  # newer words (or the turn's end) came while waiting
             tokens = self.format.encode(text)
             try:  # room made now is re-prefilled while the caller speaks, not after
@@ -206,9 +212,25 @@ class Conversation:
                 return TurnStats()  # the words alone are too long: the turn will say so
             target = self._prompt(tokens, close=False)
             stats = TurnStats()
-            async for _ in self._run(target, stats, max_tokens=1):
-                pass
+            close = self._user_close[0]
+            async for delta in self._run(target, stats, max_tokens=1, logprobs_of=[close]):
+                if delta.logprobs is not None and close in delta.logprobs:
+                    self._scored = (target, math.exp(delta.logprobs[close]))
             return stats
+
+    async def end_of_turn(self, words: str) -> float | None:
+        """How likely the user's turn is over after these words: the probability the LLM
+        gives the chat format's end of the user's message right after them. It comes from
+        the pass that prefills the words (this one, or an earlier one whose KV holds them
+        already), so it costs no pass of its own. None if the LLM could not say (it is
+        out, or the words do not fit in the context)."""
+        text = words.strip()
+        if not text:
+            return None
+        await self.prefill(text, latest=False)
+        target = self._prompt(self.format.encode(text), close=False)
+        scored = self._scored
+        return scored[1] if scored is not None and scored[0] == target else None
 
     async def reply(self, user_text: str | bytes, turn_id: str = "") -> AsyncGenerator[str, None]:
         """Add the user's turn and stream the reply's text deltas.

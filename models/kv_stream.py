@@ -47,7 +47,9 @@ class StreamEngine(Protocol):
     def forget(self, request_id: str) -> None:
         """The request's reader ended."""
 
-    def streaming_input(self, chunk: list[int], max_tokens: int, ignore_eos: bool) -> Any: ...
+    def streaming_input(
+        self, chunk: list[int], max_tokens: int, ignore_eos: bool, logprobs_of: list[int] | None = None
+    ) -> Any: ...
 
     def generate_streaming(self, request_id: str, inputs: AsyncIterator[Any]) -> AsyncIterator[Delta]: ...
 
@@ -72,7 +74,13 @@ class KvStream:
         """The next chunk goes to a request that already holds KV (its own figures)."""
         return bool(self.tokens)
 
-    async def run(self, chunk: list[int], max_tokens: int, ignore_eos: bool = False) -> AsyncIterator[Delta]:
+    async def run(
+        self,
+        chunk: list[int],
+        max_tokens: int,
+        ignore_eos: bool = False,
+        logprobs_of: list[int] | None = None,
+    ) -> AsyncIterator[Delta]:
         """Prefill `chunk` on top of `tokens` and stream what is sampled after it.
 
         Ends after the chunk's last output, or early when the request is aborted (then
@@ -85,7 +93,7 @@ class KvStream:
             raise ValueError("an empty chunk")
         self.engine.reserve(self.request_id, len(chunk) + max_tokens)
         self.busy = True
-        self._inputs.put_nowait(self.engine.streaming_input(chunk, max_tokens, ignore_eos))
+        self._inputs.put_nowait(self.engine.streaming_input(chunk, max_tokens, ignore_eos, logprobs_of))
         if self._reader is None:
             self._reader = asyncio.create_task(self._read(), name=f"llm-{self.request_id}")
         generated: list[int] = []

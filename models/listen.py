@@ -110,16 +110,30 @@ class Listener:
                 self.asr.push(self._slice(event.position, self._end))
                 events.append(ListenEvent(ListenEventKind.SPEECH_STARTED, event.position))
             elif event.kind is VadEventKind.PAUSE:
-                self.asr.pause(event.position + ASR_TAIL)
+                self.asr.pause(event.position + ASR_TAIL, event.position)
                 events.append(ListenEvent(ListenEventKind.PAUSED, event.position))
             elif event.kind is VadEventKind.SPEECH_END:
-                self.speaking = False
-                events.extend(self._partials())
-                events.append(ListenEvent(ListenEventKind.SPEECH_STOPPED, event.position))
-                final = await self.asr.finish(event.position + ASR_TAIL)
-                events.append(ListenEvent(ListenEventKind.FINAL, event.position, final))
+                events += await self._stopped(event.position)
         events.extend(self._partials())
         return events
+
+    @property
+    def silence_ms(self) -> float:
+        """How long the pause the VAD is in has lasted (0 outside one)."""
+        pause = self.vad.pause
+        return (self._end - pause) * 1000 / RUNTIME_RATE if self.speaking and pause is not None else 0.0
+
+    async def end_turn(self) -> list[ListenEvent]:
+        """The caller's turn was judged over in the pause the VAD is in: the utterance
+        ends there, as it would after the VAD's whole silence (no events if not paused)."""
+        position = self.vad.end_now() if self.paused else None
+        return [] if position is None else await self._stopped(position)
+
+    async def _stopped(self, position: int) -> list[ListenEvent]:
+        self.speaking = False
+        events = [*self._partials(), ListenEvent(ListenEventKind.SPEECH_STOPPED, position)]
+        final = await self.asr.finish(position + ASR_TAIL)
+        return [*events, ListenEvent(ListenEventKind.FINAL, position, final)]
 
     async def flush(self) -> list[ListenEvent]:
         """End of input: finish an utterance still in progress."""

@@ -81,6 +81,7 @@ class LlmEngine:
         self._engine: Any = None
         self.tokenizer: Any = None
         self.chat_format: ChatFormat | None = None
+        self._stream_logprobs: list[int] = []
         self.is_cpu = True
         self.counters = EngineCounters()
         self.where = "in-process"
@@ -102,6 +103,11 @@ class LlmEngine:
         self._budget = KvBudget(cache.num_gpu_blocks, cache.block_size)
         self.tokenizer = self._engine.get_tokenizer()
         self.chat_format = ChatFormat.from_tokenizer(self.tokenizer)  # the same for every session
+        # every chunk of a stream carries the log-probability of the end of the user's
+        # message (a turn's score, `Conversation.end_of_turn`): vLLM keeps a streaming
+        # request's logprob settings from its first chunk, and a later chunk that asks
+        # for other ones fails the engine's output handler (every request with it)
+        self._stream_logprobs = [self.chat_format.user_close()[0]]
 
     def _create(self) -> AsyncLLM:
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -218,7 +224,7 @@ class LlmEngine:
         ):
             yield delta
 
-    def _params(self, max_tokens: int, ignore_eos: bool = False) -> Any:
+    def _params(self, max_tokens: int, ignore_eos: bool = False, logprobs_of: list[int] | None = None) -> Any:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -227,12 +233,14 @@ class LlmEngine:
             temperature=self.config.temperature,
             output_kind=RequestOutputKind.DELTA,
             ignore_eos=ignore_eos,
+            logprob_token_ids=logprobs_of or None,
         )
 
     async def _deltas(self, stream: Any) -> AsyncIterator[Delta]:
         try:
             async for output in stream:
                 completion = output.outputs[0]
+                first = completion.logprobs[0] if completion.logprobs else None
                 yield Delta(
                     list(completion.token_ids),
                     completion.text,
@@ -240,6 +248,7 @@ class LlmEngine:
                     completion.finish_reason,
                     len(output.prompt_token_ids or ()),
                     output.num_cached_tokens or 0,
+                    {t: lp.logprob for t, lp in first.items()} if first else None,
                 )
         except ValueError as e:  # vLLM's validation errors (too long, bad ids)
             raise LlmError(str(e)) from e
@@ -262,14 +271,19 @@ class LlmEngine:
         self._streams[request_id] = stream
         return stream
 
-    def streaming_input(self, chunk: list[int], max_tokens: int, ignore_eos: bool) -> Any:
+    def streaming_input(
+        self, chunk: list[int], max_tokens: int, ignore_eos: bool, logprobs_of: list[int] | None = None
+    ) -> Any:
         from vllm.engine.protocol import StreamingInput
         from vllm.inputs.engine import tokens_input
 
-        return StreamingInput(tokens_input(list(chunk)), self._params(max_tokens, ignore_eos))
+        assert not set(logprobs_of or ()) - set(self._stream_logprobs), "a stream's logprobs are fixed"
+        params = self._params(max_tokens, ignore_eos, self._stream_logprobs)
+        return StreamingInput(tokens_input(list(chunk)), params)
 
     def generate_streaming(self, request_id: str, inputs: AsyncIterator[Any]) -> AsyncIterator[Delta]:
-        return self._deltas(self._running().generate(inputs, self._params(1), request_id))
+        params = self._params(1, logprobs_of=self._stream_logprobs)
+        return self._deltas(self._running().generate(inputs, params, request_id))
 
     def reserve(self, request_id: str, more_tokens: int) -> None:
         """Make room in the KV cache for the stream to grow by ``more_tokens``, closing

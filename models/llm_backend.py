@@ -41,9 +41,16 @@ class TokenStream(Protocol):
         cached tokens are known here); else the chunk's request is new, and the server
         says what its prefix cache supplied."""
 
-    def run(self, chunk: list[int], max_tokens: int, ignore_eos: bool = False) -> AsyncIterator[Delta]:
+    def run(
+        self,
+        chunk: list[int],
+        max_tokens: int,
+        ignore_eos: bool = False,
+        logprobs_of: list[int] | None = None,
+    ) -> AsyncIterator[Delta]:
         """Prefill `chunk` after `tokens`, stream what is sampled; afterwards `tokens` is
-        what the KV holds (the chunk and all but the last sampled token)."""
+        what the KV holds (the chunk and all but the last sampled token). ``logprobs_of``:
+        tokens whose log-probability at the first sampled position the deltas carry."""
 
     def close(self) -> None:
         """End the stream; its KV stays in the prefix cache until it is needed."""

@@ -32,6 +32,9 @@ class Delta:
     # prompt tokens whose KV vLLM found in its prefix cache; None: not known yet (a remote
     # server says it with the request's last delta)
     cached_tokens: int | None
+    # log-probabilities of the tokens a request asked about (``logprobs_of``), at the
+    # first position this delta sampled (a prefill samples one token: what comes next)
+    logprobs: dict[int, float] | None = None
 
 
 @dataclass

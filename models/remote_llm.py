@@ -268,9 +268,11 @@ class RemoteLlm:
         max_tokens: int,
         ignore_eos: bool,
         wire_id: str | None = None,
+        logprobs_of: list[int] | None = None,
     ) -> AsyncIterator[Delta]:
         """One streamed completion on ``prompt``, which `abort` (``request_id``) stops
-        quietly; ``wire_id`` is the server's name for it (unique per request)."""
+        quietly; ``wire_id`` is the server's name for it (unique per request);
+        ``logprobs_of``: tokens whose log-probabilities the deltas carry."""
         if self._http is None:
             raise LlmUnavailable("the LLM service's client is closed")
         if not self.reachable and not await self.probe():  # (the engine watch probes too)
@@ -292,6 +294,8 @@ class RemoteLlm:
         }
         if not self.prefix_caching:
             body["cache_salt"] = uuid.uuid4().hex
+        if logprobs_of:  # keyed "token_id:N" in the answer, not by the token's text
+            body |= {"logprobs": 1, "logprob_token_ids": logprobs_of, "return_tokens_as_token_ids": True}
         headers = {SESSION_HEADER: session_key, "X-Request-Id": wire_id or request_id}
         for attempt, wait_s in enumerate((*RETRY_WAITS_S, None)):
             said = False
@@ -379,6 +383,7 @@ async def _deltas(response: aiohttp.ClientResponse) -> AsyncIterator[Delta]:
             reason,
             int(usage.get("prompt_tokens") or 0),
             None,
+            _first_logprobs(choice.get("logprobs")),
         )
         if reason is None:
             yield delta
@@ -388,6 +393,22 @@ async def _deltas(response: aiohttp.ClientResponse) -> AsyncIterator[Delta]:
         raise LlmUnavailable("the LLM service broke off the reply")
     if finished is not None:
         yield finished
+
+
+def _first_logprobs(logprobs: Any) -> dict[int, float] | None:
+    """The log-probabilities asked for (``logprob_token_ids``) at the event's first
+    token, from the Completions API's ``top_logprobs`` keyed ``"token_id:N"``."""
+    tops = logprobs.get("top_logprobs") if isinstance(logprobs, dict) else None
+    if not tops or not isinstance(tops[0], dict):
+        return None
+    out = {}
+    for key, value in tops[0].items():
+        if isinstance(key, str) and key.startswith("token_id:") and isinstance(value, int | float):
+            try:
+                out[int(key[9:])] = float(value)
+            except ValueError:
+                continue
+    return out
 
 
 class _Retryable(Exception):
@@ -424,7 +445,13 @@ class RemoteStream:
     def resumes(self) -> bool:
         return False  # every chunk is a new request: the server counts what it found cached
 
-    async def run(self, chunk: list[int], max_tokens: int, ignore_eos: bool = False) -> AsyncIterator[Delta]:
+    async def run(
+        self,
+        chunk: list[int],
+        max_tokens: int,
+        ignore_eos: bool = False,
+        logprobs_of: list[int] | None = None,
+    ) -> AsyncIterator[Delta]:
         assert not self.busy, "one chunk at a time"
         if not self.alive:
             raise LlmError("the session's LLM stream has ended")
@@ -443,6 +470,7 @@ class RemoteStream:
                 max_tokens,
                 ignore_eos,
                 wire_id=f"{self.session_key}-{self.request_id}-c{self._chunks}",
+                logprobs_of=logprobs_of,
             ):
                 generated += delta.token_ids
                 finished = delta.finish_reason is not None

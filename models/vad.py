@@ -145,6 +145,17 @@ class VadStream:
                     self._events.append(VadEvent(VadEventKind.SPEECH_END, self._end_position()))
                     self.pause = None
 
+    def end_now(self) -> int | None:
+        """End the utterance in the pause the stream is in, as ``min_silence_ms`` of
+        silence would (the caller's turn was judged over sooner): the end position, or
+        None when not in a pause. Between pushes only: the engine thread is not on it."""
+        assert self._waiter is None, "end_now during a push"
+        if not self.speaking or self.pause is None:
+            return None
+        position = self._end_position()
+        self.speaking, self.pause = False, None
+        return position
+
     def _end_position(self) -> int:
         assert self.pause is not None
         lag = (self.config.end_lag_ms - self.config.speech_pad_ms) * SAMPLE_RATE // 1000

@@ -201,6 +201,41 @@ async def test_a_queued_transcription_equals_the_one_shot_one(asr_engine, speech
     assert wer([(" ".join(u.text for u in utterances * 2), queued)]) <= 0.3
 
 
+async def test_passes_waiting_together_are_decoded_together_with_the_same_words(asr_engine, speech_set):
+    """Finals of several streams waiting at once share the decoder's steps (one batch,
+    `MAX_BATCH` at most), and each gets the words it would have got alone."""
+    from models.asr import MAX_BATCH
+
+    utterances = list(speech_set)[:6]
+    alone = [asr_engine.transcribe(u.audio) for u in utterances]
+    passes, batches = asr_engine.passes, asr_engine.batches
+    together = await asyncio.gather(*(asr_engine.transcribe_queued(u.audio) for u in utterances))
+    assert together == alone
+    assert asr_engine.passes - passes == len(utterances)
+    assert asr_engine.batches - batches < len(utterances)  # some were decoded together
+    assert asr_engine.batches - batches >= -(-len(utterances) // MAX_BATCH)
+
+
+def test_windows_with_different_prompts_decode_together_as_alone(asr_engine, speech_set):
+    """Windows with and without previous text, or with a committed prefix, in one call:
+    CTranslate2 batches only prompts whose start of transcript is at the same place, so
+    they are grouped by it; each gets the words it gets alone."""
+    from models.asr import _Window
+
+    tokens = asr_engine.tokenizer.encode(" Earlier words were said here.")
+    audio = [u.audio.astype(np.float32) / 32768 for u in list(speech_set)[:4]]
+    windows = [
+        _Window(audio[0], 0, [], []),
+        _Window(audio[1], 0, [], tokens),
+        _Window(audio[2], 0, asr_engine.tokenizer.encode(" Could you")[:1], []),
+        _Window(audio[3], 0, [], tokens[:3]),
+        _Window(np.zeros(800, np.float32), 0, [], []),  # too short to transcribe
+    ]
+    alone = [asr_engine.transcribe_batch([w])[0].text for w in windows]
+    assert [h.text for h in asr_engine.transcribe_batch(windows)] == alone
+    assert all(alone[:4]) and alone[4] == ""
+
+
 async def test_a_partial_pass_running_at_the_end_of_speech_never_follows_the_final(asr_engine, speech_set):
     """The final supersedes a partial pass still running when the utterance ends: its
     result must not arrive after the final (the session would send the caller's line
@@ -216,3 +251,28 @@ async def test_a_partial_pass_running_at_the_end_of_speech_never_follows_the_fin
     final = await asr.finish(audio.size)
     await asyncio.sleep(0.5)  # anything the partial pass would still deliver
     assert final.text and asr.results.empty()
+
+
+async def test_a_partial_pass_that_heard_past_the_last_word_serves_as_the_final(asr_engine, speech_set):
+    """At a pause, the partial pass in flight is the final when its audio goes `COVER`
+    past the words: one pass instead of two, the same words as a final pass of its own.
+    One that stops short of that does not serve."""
+    from models.asr import COVER, AsrStream
+
+    audio = np.concatenate([speech_set[0].audio, np.zeros(4000, np.int16)])
+    voiced_until = speech_set[0].audio.size
+    alone = asr_engine.transcribe(audio)
+    for heard, serves in ((voiced_until + COVER, True), (voiced_until + COVER - 320, False)):
+        asr = AsrStream(asr_engine, partial_interval=heard)
+        asr.begin(0)
+        passes = asr_engine.passes
+        asr.push(audio[:heard])  # a partial pass starts on what was heard so far
+        assert asr._partial is not None
+        await asyncio.sleep(0.02)  # the worker has taken it up
+        reused = asr_engine.finals_from_partials
+        asr.pause(heard + 1600, voiced_until)
+        assert await asr.speculative() == alone
+        final = await asr.finish(heard + 1600)
+        assert final.text == alone
+        assert asr_engine.finals_from_partials - reused == int(serves)
+        assert asr_engine.passes - passes == (1 if serves else 2)

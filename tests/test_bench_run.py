@@ -84,3 +84,26 @@ def test_a_benchmark_process_starts_with_the_bench_settings_in_its_environment()
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["7", "8123"]
+
+
+def test_each_utterance_is_measured_against_its_own_reply():
+    """`duplex bench conversation` pairs each utterance with the first reply created
+    after it began, not after its voice ended: a turn judged over in a pause (or a
+    recording whose quiet tail counts as voiced) has its reply created before that, and
+    the next utterance's reply, seconds later, was taken for it."""
+    from benchmarks.conversation import replies_to_utterances
+    from duplex import events as ev
+    from duplex.caller import Received, VirtualCaller
+    from duplex.events import Event
+
+    caller = VirtualCaller()
+    caller.voice_spans = [(1.0, 2.5), (10.0, 11.0)]
+    caller.events = [
+        Event(ev.RESPONSE_CREATED, {"response_id": "resp_1"}, 2.4),  # before the tail's end
+        Event(ev.RESPONSE_CREATED, {"response_id": "resp_2"}, 11.3),
+    ]
+    caller.frames = [Received(2.8, "resp_1", 480), Received(11.5, "resp_2", 480)]
+    assert replies_to_utterances(caller) == [(0, "resp_1", 2.8, 2.5), (1, "resp_2", 11.5, 11.0)]
+    # an utterance with no reply of its own (a backchannel over one) is not measured
+    caller.voice_spans.insert(1, (5.0, 5.4))
+    assert [k for k, *_ in replies_to_utterances(caller)] == [0, 2]

@@ -150,7 +150,7 @@ async def test_a_dead_worker_fails_its_job_turns_health_and_is_restarted(engines
             async for _ in job.frames():
                 pass
     else:
-        kill_worker_once(engine, "transcribe_window", monkeypatch)
+        kill_worker_once(engine, "transcribe_batch", monkeypatch)
         with pytest.raises(RuntimeError, match="worker stopped"):
             await engine.transcribe_queued(np.zeros(16000, np.int16))
     await until(lambda: not engine.alive, within=5)

@@ -117,6 +117,9 @@ async def test_a_spoken_question_gets_a_spoken_reply(served, tts_engine):
     (metrics,) = caller.of("metrics")
     assert metrics.voice_to_voice_ms > 0 and "llm_first_token_ms" in metrics.steps_ms
     assert 0 <= metrics.cached_tokens < metrics.prompt_tokens
+    # the turn ended by meaning: the LLM's score and the silence it waited come along
+    assert metrics.HasField("end_of_turn_score") and metrics.end_of_turn_score >= 0.3
+    assert 300 <= metrics.steps_ms["silence_waited_ms"] < 500
     kinds = [t.kind for t in caller.of("turn")]
     assert kinds == [Kind.SPEECH_STARTED, Kind.SPEECH_STOPPED, Kind.RESPONSE_STARTED, Kind.RESPONSE_DONE]
     assert len(sessions) == 0
@@ -189,6 +192,11 @@ async def test_bad_streams_end_with_the_right_status(served):
             (config_event(turn_taking=pb.TurnTaking(end_of_turn_ms=5)),),
             grpc.StatusCode.INVALID_ARGUMENT,
             "end_of_turn_ms",
+        ),
+        (
+            (config_event(turn_taking=pb.TurnTaking(complete_turn_threshold=1.5)),),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "complete_turn_threshold",
         ),
         (
             (config_event(), pb.ClientEvent(audio=pb.AudioChunk(data=b"\x00" * 641))),

@@ -298,6 +298,27 @@ async def test_greedy_replies_equal_the_in_process_engines(remote, llm_engine):
     assert await greedy_replies(remote, prompts) == await greedy_replies(llm_engine, prompts)
 
 
+async def test_the_end_of_turn_score_is_the_in_process_engines(remote, llm_engine):
+    """The LLM's P(the user's turn is over) after the words so far, which ends a turn
+    by meaning, comes through the service as in-process: the same figures (bf16 on
+    both), from the pass that prefills the words (asked again, no new request)."""
+    texts = ["What is the capital of France?", "I'd like to book a table for", "My number is 415-267-89"]
+    scores = {}
+    for name, backend in (("remote", remote), ("in-process", llm_engine)):
+        conversation = Conversation(backend)
+        try:
+            scores[name] = [await conversation.end_of_turn(t) for t in texts]
+            steps = backend.counters.steps
+            assert await conversation.end_of_turn(texts[-1]) == scores[name][-1]
+            assert backend.counters.steps == steps  # from the pass that prefilled them
+        finally:
+            conversation.close()
+    assert all(s is not None for s in scores["remote"] + scores["in-process"]), scores
+    remote_scores = [float(s or 0) for s in scores["remote"]]
+    assert remote_scores == pytest.approx(scores["in-process"], abs=0.02), scores
+    assert remote_scores[0] > 0.2 > max(remote_scores[1:]), scores
+
+
 async def test_sessions_stay_on_their_replica(service, remote):
     """Each session's turns all go to one replica (by whose counters grew), where its
     KV is found again; sessions are spread over both."""

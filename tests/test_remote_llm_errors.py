@@ -133,6 +133,47 @@ async def test_a_well_formed_stream_is_a_reply(fake, backend):
 
 
 @pytest.mark.parametrize(
+    ("logprobs", "score"),
+    [
+        ({"top_logprobs": [{"token_id:2": -0.5, "token_id:42": -1.2}]}, 0.6065),  # exp(-0.5)
+        ({"top_logprobs": [{"token_id:42": -0.1}]}, None),  # not what was asked about
+        ({"top_logprobs": [{"token_id:two": -0.5, "<|im_end|>": -0.5}]}, None),  # malformed keys
+        ({"top_logprobs": [None]}, None),
+        ({"top_logprobs": "garbage"}, None),
+        ("garbage", None),
+        (None, None),
+    ],
+)
+async def test_the_end_of_turn_score_asks_for_one_token_and_survives_bad_answers(
+    fake, backend, logprobs, score
+):
+    """The prefill asks the service for the log-probability of the end of the user's
+    message (``logprob_token_ids``, keyed by token id); an answer without it, or a
+    malformed one, leaves the score unknown (silence alone ends the turn)."""
+    asked: list[dict[str, object]] = []
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        asked.append(body)
+        choice = {"index": 0, "text": "x", "token_ids": [42], "finish_reason": "length", "logprobs": logprobs}
+        usage = {"prompt_tokens": 10, "completion_tokens": 1}
+        return await stream(request, event({"choices": [choice], "usage": usage}), b"data: [DONE]\n\n")
+
+    fake.completion = handler
+    conversation = Conversation(backend)
+    close = conversation.format.user_close()[0]
+    got = await conversation.end_of_turn("What time is it?")
+    assert got == (None if score is None else pytest.approx(score, abs=1e-4))
+    (body,) = asked
+    assert (
+        body["logprob_token_ids"] == [close]
+        and body["return_tokens_as_token_ids"]
+        and body["max_tokens"] == 1
+    )
+    assert close == 2  # SmolLM2's <|im_end|>, as the answers above name it
+
+
+@pytest.mark.parametrize(
     ("status", "body", "kind", "words"),
     [
         (400, {"error": {"message": "This model's maximum context length is 2048 tokens"}}, LlmError, "2048"),

@@ -56,7 +56,7 @@ async def test_a_held_reply_dropped_before_its_first_token_leaves_no_trace(engin
     dropped = asyncio.Event()
     real_run = KvStream.run
 
-    async def run(stream, chunk, max_tokens, ignore_eos=False):
+    async def run(stream, chunk, max_tokens, ignore_eos=False, logprobs_of=None):
         if max_tokens > 1 and not dropped.is_set():  # a reply (prefills take one token)
             held.append(chunk)
             try:
@@ -64,7 +64,7 @@ async def test_a_held_reply_dropped_before_its_first_token_leaves_no_trace(engin
             except asyncio.CancelledError:
                 dropped.set()
                 raise
-        async for delta in real_run(stream, chunk, max_tokens, ignore_eos):
+        async for delta in real_run(stream, chunk, max_tokens, ignore_eos, logprobs_of):
             yield delta
 
     monkeypatch.setattr(KvStream, "run", run)
@@ -75,6 +75,7 @@ async def test_a_held_reply_dropped_before_its_first_token_leaves_no_trace(engin
         engines,
         [Silence(0.3), Speak(first), Silence(1.0), Speak(rest), UntilReplyDone(timeout=30, after=0.3)],
         end_of_turn_ms=2000,
+        complete_turn_threshold=1.0,  # "What is the capital city?" could be a whole question
     )
     assert held and dropped.is_set()  # a held reply was dropped before its first token
     assert len(caller.of_type(ev.RESPONSE_CREATED)) == 1  # and nobody heard of it

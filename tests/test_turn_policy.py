@@ -7,6 +7,8 @@ import math
 
 import pytest
 
+from duplex.events import SessionError
+from duplex.session_config import JUDGED_PAUSE_MS, SessionConfig
 from duplex.turn_policy import (
     QUICK_PAUSE_CONFIRM_S,
     QUICK_PAUSE_FLOOR_DB,
@@ -22,7 +24,9 @@ from duplex.turn_policy import (
     quick_pause,
     should_speculate,
     speech_over_reply,
+    turn_is_over,
 )
+from models.vad import VadConfig
 
 SAID = "Once upon a time there was a brave little dragon who lived in a cave"
 
@@ -172,3 +176,43 @@ def test_should_speculate(
     speculative: bool, answer_turns: bool, interrupting: bool, replying: bool, speculate: bool
 ) -> None:
     assert should_speculate(speculative, answer_turns, interrupting, replying) is speculate
+
+
+@pytest.mark.parametrize(
+    ("score", "silence_ms", "over"),
+    [
+        (0.7, 200, True),  # a finished question, after the short silence
+        (0.7, 199, False),  # ... not before it
+        (0.2, 240, True),  # the threshold itself is enough
+        (0.19, 480, False),  # an unfinished clause: the VAD's whole silence decides
+        (0.0, 10_000, False),
+        (None, 480, False),  # no score yet (ASR or the LLM still at work, or out)
+    ],
+)
+def test_turn_is_over(score: float | None, silence_ms: float, over: bool) -> None:
+    assert turn_is_over(score, silence_ms, complete_ms=200, threshold=0.2) is over
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"complete_turn_ms": 50},
+        {"complete_turn_ms": 200.5},
+        {"complete_turn_threshold": 1.5},
+        {"complete_turn_threshold": "high"},
+        {"complete_turn_threshold": True},
+        {"end_of_turn_by_meaning": "yes"},
+    ],
+)
+def test_bad_end_of_turn_settings_are_refused(changes: dict[str, object]) -> None:
+    with pytest.raises(SessionError) as refused:
+        SessionConfig().changed(changes)
+    assert refused.value.code == "bad_config"
+
+
+def test_the_pause_that_starts_the_turns_judgement_comes_before_the_shortest_silence() -> None:
+    base = VadConfig()
+    assert SessionConfig().vad(base).pause_ms == JUDGED_PAUSE_MS < base.pause_ms
+    assert SessionConfig(end_of_turn_ms=200, end_of_turn_by_meaning=False).vad(base).pause_ms == 192
+    assert SessionConfig(end_of_turn_by_meaning=False).vad(base).pause_ms == base.pause_ms
+    assert SessionConfig(end_of_turn_ms=300, complete_turn_ms=1000).vad(base).min_silence_ms == 300

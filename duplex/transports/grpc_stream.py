@@ -98,6 +98,7 @@ def server_event(event: Event) -> pb.ServerEvent | None:
             steps_ms=steps,
             prompt_tokens=d.get("prompt_tokens", 0),
             cached_tokens=d.get("cached_tokens", 0),
+            end_of_turn_score=d.get("end_of_turn_score"),
         )
         return pb.ServerEvent(metrics=metrics)
     if event.type == ev.ERROR:

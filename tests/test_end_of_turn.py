@@ -1,0 +1,173 @@
+"""The end of the caller's turn by meaning and silence, with the real models, in real time:
+a finished question is answered after a short pause, a sentence broken off mid-clause
+waits until it is finished, and the reply prepared in a pause plays only once the turn
+is judged over, or leaves no trace when the caller goes on."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from audio_io.pcm import RUNTIME_RATE
+from duplex import events as ev
+from duplex.caller import Silence, Speak, UntilReplyDone, VirtualCaller
+from duplex.session import Session
+from duplex.session_config import SessionConfig
+from models.conversation import Conversation
+from models.tts import voiced_span
+from tests.conftest import speech
+
+pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
+
+
+async def converse(engines, timeline, **config):
+    caller = VirtualCaller()
+    session = Session(engines, caller, SessionConfig(**config))
+    await session.start()
+    try:
+        await caller.play(session, timeline)
+        kv = list(session.conversation._stream.tokens) if session.conversation._stream else []
+    finally:
+        await session.close()
+    return session, caller, kv
+
+
+def spoken(tts_engine, text: str) -> np.ndarray:
+    """``text`` spoken, without the voice's silence before and after it."""
+    audio = speech(tts_engine, text)
+    first, last = voiced_span(audio.astype(np.float32), RUNTIME_RATE)
+    return audio[first:last]
+
+
+def nothing_played_before_the_turn_ended(caller: VirtualCaller) -> None:
+    """Every reply was told of, and its first audio reached the caller, only after the
+    end of the turn it answers (in the order the caller received them)."""
+    turn_events = (ev.SPEECH_STARTED, ev.SPEECH_STOPPED)
+    seen: set[tuple[str, str]] = set()
+    last_turn_event = None
+    for event in caller.events:
+        if event.type in turn_events:
+            last_turn_event = event.type
+        elif event.type in (ev.RESPONSE_CREATED, ev.AUDIO_DELTA):
+            rid = str(event.data["response_id"])
+            if (event.type, rid) in seen:
+                continue
+            seen.add((event.type, rid))
+            assert last_turn_event == ev.SPEECH_STOPPED, f"{event.type} of {rid} before the turn ended"
+    assert any(t == ev.AUDIO_DELTA for t, _ in seen)
+
+
+async def test_a_finished_question_ends_its_turn_well_before_500_ms_of_silence(engines, tts_engine):
+    # with a VAD silence of 1.5 s, only the LLM's judgement can end the turn sooner
+    question = speech(tts_engine, "What is the capital city of France?")
+    session, caller, _ = await converse(
+        engines, [Silence(0.3), Speak(question), UntilReplyDone(timeout=30, after=0.3)], end_of_turn_ms=1500
+    )
+    (metrics,) = caller.of_type(ev.METRICS)
+    config = session.config
+    assert metrics.data["end_of_turn_score"] >= config.complete_turn_threshold
+    assert config.complete_turn_ms <= metrics.data["silence_waited_ms"] < 400
+    assert "Paris" in "".join(e.data["delta"] for e in caller.of_type(ev.TEXT_DELTA))
+    nothing_played_before_the_turn_ended(caller)
+    # and with it off, the same question waits for the whole silence
+    session, caller, _ = await converse(
+        engines,
+        [Silence(0.3), Speak(question), UntilReplyDone(timeout=30, after=0.3)],
+        end_of_turn_ms=600,
+        end_of_turn_by_meaning=False,
+    )
+    (metrics,) = caller.of_type(ev.METRICS)
+    assert metrics.data["silence_waited_ms"] == 600 and "end_of_turn_score" not in metrics.data
+
+
+@pytest.mark.parametrize(
+    ("first", "rest", "heard_after"),
+    [
+        ("I'd like to book a table for", "four people at seven tonight.", ("people",)),
+        ("My number is four one five", "two six seven, eight nine.", ("267", "two six seven")),
+    ],
+)
+async def test_a_sentence_broken_off_by_a_400_ms_pause_is_answered_only_when_finished(
+    engines, tts_engine, first, rest, heard_after
+):
+    pause = Silence(0.4)  # between the voice's words: its own silence around them is cut
+    session, caller, _ = await converse(
+        engines,
+        [Silence(0.3), Speak(spoken(tts_engine, first)), pause, Speak(spoken(tts_engine, rest))]
+        + [UntilReplyDone(timeout=30, after=0.3)],
+    )
+    (heard,) = caller.of_type(ev.TRANSCRIPT_DONE)  # one turn, not two
+    words = heard.data["transcript"].lower()
+    assert first.split()[1].lower() in words and any(w in words for w in heard_after), words
+    assert len(caller.of_type(ev.SPEECH_STOPPED)) == 1
+    assert len(caller.of_type(ev.RESPONSE_CREATED)) == 1
+    messages = session.conversation.messages()
+    assert [m["role"] for m in messages] == ["system", "user", "assistant"]
+    assert messages[1]["content"] == heard.data["transcript"]
+    nothing_played_before_the_turn_ended(caller)
+
+
+async def test_a_dropped_prepared_reply_leaves_conversation_and_kv_as_if_it_never_began(engines, tts_engine):
+    """The caller pauses mid-question for a second: a reply to the words so far is
+    prepared, audio and all, and dropped when they go on. Nothing of it reaches the
+    caller, and the conversation, its KV and the reply are those of the whole question
+    asked at once."""
+    first = speech(tts_engine, "What is the capital city")
+    rest = speech(tts_engine, "of France?")
+    session, caller, kv = await converse(
+        engines,
+        [Silence(0.3), Speak(first), Silence(1.0), Speak(rest), UntilReplyDone(timeout=30, after=0.3)],
+        end_of_turn_ms=2000,
+        complete_turn_threshold=1.0,  # "What is the capital city?" could be a whole question
+    )
+    (created,) = caller.of_type(ev.RESPONSE_CREATED)
+    answered = str(created.data["response_id"])
+    dropped = [t for rid, t in session.ledger.turns.items() if rid != answered]
+    assert dropped and all(t.sent == 0 for t in dropped)  # prepared, never sent
+    assert any(t.generated > 0 for t in dropped), "no reply was prepared as far as its audio"
+    assert {f.response_id for f in caller.frames} == {answered}
+    nothing_played_before_the_turn_ended(caller)
+
+    (heard,) = caller.of_type(ev.TRANSCRIPT_DONE)
+    question = heard.data["transcript"]
+    reply = "".join(e.data["delta"] for e in caller.of_type(ev.TEXT_DELTA))
+    conversation = session.conversation
+    assert conversation.messages()[1:] == [
+        {"role": "user", "content": question},
+        {"role": "assistant", "content": reply},
+    ]
+    # the KV holds the conversation's tokens and nothing else (the reply's last token aside)
+    history = conversation.history_tokens()
+    assert kv and history[: len(kv)] == kv and len(history) - len(kv) <= 2
+    # the same question asked at once, in a conversation that never paused: the same reply
+    fresh = Conversation(engines.llm, conversation.system_prompt)
+    try:
+        assert "".join([d async for d in fresh.reply(question, "fresh")]) == reply
+        assert fresh.history_tokens() == history
+    finally:
+        fresh.close()
+
+
+async def test_a_prepared_reply_waits_through_a_pause_for_the_turn_to_be_judged_over(engines, tts_engine):
+    """A finished-sounding sentence, then a pause shorter than the VAD's silence in which
+    the LLM does not judge the turn over (its threshold set out of reach): the reply is
+    prepared in the pause, and nothing of it plays until the silence ends the turn."""
+    said = speech(tts_engine, "Name a big river in Europe.")
+    tail = np.zeros(RUNTIME_RATE // 10, np.int16)
+    session, caller, _ = await converse(
+        engines,
+        [Silence(0.3), Speak(np.concatenate([said, tail])), UntilReplyDone(timeout=30, after=0.3)],
+        end_of_turn_ms=900,
+        complete_turn_threshold=1.0,
+    )
+    (metrics,) = caller.of_type(ev.METRICS)
+    assert metrics.data["silence_waited_ms"] == 900
+    assert metrics.data["end_of_turn_score"] < 1.0
+    (stopped,) = caller.of_type(ev.SPEECH_STOPPED)
+    (created,) = caller.of_type(ev.RESPONSE_CREATED)
+    first = caller.first_frame(str(created.data["response_id"]))
+    assert first is not None and first > stopped.at
+    # prepared in the pause: its first audio was made before the turn ended
+    steps = ("asr_final_ms", "llm_first_token_ms", "first_phrase_ms", "tts_first_audio_ms")
+    assert sum(metrics.data[k] for k in steps) < 0
+    nothing_played_before_the_turn_ended(caller)
