@@ -34,7 +34,6 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -191,55 +190,43 @@ class AsrEngine:
         decoder's steps are shared. Measured here (tiny.en, int8, one thread, 8 windows of
         2-5 s): 8 passes decoded one by one 713-799 ms, in batches of 4 460-512 ms, with
         the same tokens. Without word times (`with_times` adds them to one)."""
-        out: list[_Hypothesis | None] = [None] * len(windows)
-        states, prompts, limits, frames, live = [], [], [], [], []
+        out = [_Hypothesis([], "")] * len(windows)  # too short or silent: no words
+        # CTranslate2 decodes together only prompts whose start-of-transcript token is at
+        # the same place: those with as much previous text
+        groups: dict[int, list[tuple[int, npt.NDArray[np.float32], list[int], int]]] = {}
         for i, w in enumerate(windows):
             assert w.audio.size <= (WINDOW_S * SAMPLE_RATE) - TAIL_PAD, "window longer than Whisper's 30 s"
             if w.audio.size < SAMPLE_RATE // 10 or not np.any(w.audio):
-                out[i] = _Hypothesis([], "")
                 continue
             features = self.model.feature_extractor(
                 np.concatenate([w.audio, np.zeros(TAIL_PAD, np.float32)]), padding=0
             )
-            n = features.shape[-1] - features.shape[-1] % 2
-            encoded = self._encode(features[:, :n])
-            states.append(np.concatenate([encoded, self._silence_states[:, encoded.shape[1] :]], axis=1))
-            prompt = self.prompt(w.previous) + w.prefix
-            prompts.append(prompt)
+            frames = features.shape[-1] - features.shape[-1] % 2
+            encoded = self._encode(features[:, :frames])
+            states = np.concatenate([encoded, self._silence_states[:, encoded.shape[1] :]], axis=1)
+            context = self.prompt(w.previous)
+            groups.setdefault(len(context), []).append((i, states, context + w.prefix, frames))
+        for group in groups.values():
+            batch = np.ascontiguousarray(np.concatenate([states for _, states, _, _ in group], axis=0))
             # CTranslate2 counts the prompt in max_length: without it, a long previous
             # text left no room at all ("The maximum decoding length must be > 0")
-            limits.append(min(MAX_DECODE_TOKENS, len(prompt) + int(8 * w.audio.size / SAMPLE_RATE) + 16))
-            frames.append(n)
-            live.append(i)
-        results: list[Any] = [None] * len(live)
-        # CTranslate2 decodes together only prompts whose start-of-transcript token is at
-        # the same place: those with as much previous text
-        groups: dict[int, list[int]] = {}
-        for k, i in enumerate(live):
-            groups.setdefault(len(self.prompt(windows[i].previous)) - len(self._prompt), []).append(k)
-        for ks in groups.values():
-            batch = np.ascontiguousarray(np.concatenate([states[k] for k in ks], axis=0))
+            limit = max(len(p) + int(8 * windows[i].audio.size / SAMPLE_RATE) + 16 for i, _, p, _ in group)
             decoded = self.model.model.generate(
                 self._ct2.StorageView.from_array(batch),
-                [prompts[k] for k in ks],
+                [prompt for _, _, prompt, _ in group],
                 beam_size=1,
-                max_length=max(limits[k] for k in ks),
+                max_length=min(MAX_DECODE_TOKENS, limit),
                 return_no_speech_prob=True,
             )
-            for k, result in zip(ks, decoded, strict=True):
-                results[k] = result
-        for k, (i, result) in enumerate(zip(live, results, strict=True)):
-            w = windows[i]
-            tokens = [t for t in result.sequences_ids[0] if t < self.tokenizer.eot]
-            if not w.prefix and result.no_speech_prob > NO_SPEECH_THRESHOLD:
-                out[i] = _Hypothesis([], "")
-                continue
-            encoder_output = self._ct2.StorageView.from_array(states[k])
-            hyp = _Hypothesis(
-                [], self.tokenizer.decode(tokens).strip(), tokens, w.offset, encoder_output, frames[k]
-            )
-            out[i] = replace(hyp, words=self._words(hyp, times=False))
-        return [h for h in out if h is not None]
+            for (i, states, _, frames), result in zip(group, decoded, strict=True):
+                if not windows[i].prefix and result.no_speech_prob > NO_SPEECH_THRESHOLD:
+                    continue
+                tokens = [t for t in result.sequences_ids[0] if t < self.tokenizer.eot]
+                text = self.tokenizer.decode(tokens).strip()
+                encoder_output = self._ct2.StorageView.from_array(states)
+                hyp = _Hypothesis([], text, tokens, windows[i].offset, encoder_output, frames)
+                out[i] = replace(hyp, words=self._words(hyp, times=False))
+        return out
 
     def prompt(self, previous: list[int]) -> list[int]:
         """Decoder prompt: earlier text of the utterance (if any), then the task tokens."""
@@ -337,23 +324,22 @@ class AsrEngine:
             if not jobs:
                 continue
             started = time.perf_counter()
+            results: list[_Hypothesis | BaseException]
             try:
                 windows = [_Window(j.audio, j.offset, j.prefix, j.previous) for j in jobs]
-                hyps: list[_Hypothesis] | BaseException = self.transcribe_batch(windows)
                 # Word times only matter for words about to be committed: align only
                 # when this pass agrees with the previous one beyond what is committed.
                 # A final pass aligns only when its stream asks for word times: it costs
                 # 25-65 ms (measured here for 2-5 s utterances), on the turn's critical path.
-                assert isinstance(hyps, list)
-                hyps = [
+                results = [
                     self.with_times(h)
                     if h.tokens and (j.word_times if j.final else j.may_commit(h.words))
                     else h
-                    for j, h in zip(jobs, hyps, strict=True)
+                    for j, h in zip(jobs, self.transcribe_batch(windows), strict=True)
                 ]
             except Exception as e:  # a bad pass fails its requests, not the engine
                 log.exception("ASR pass failed (%d windows)", len(jobs))
-                hyps = e
+                results = [e] * len(jobs)
             except BaseException:  # the worker ends (the engine watch starts another): the passes fail first
                 for job in jobs:
                     job.deliver(RuntimeError("the ASR worker stopped during this pass"))
@@ -363,9 +349,9 @@ class AsrEngine:
                 self.passes += len(jobs)
                 self.batches += 1
                 self.busy_s += elapsed
-            for i, job in enumerate(jobs):
+            for job, result in zip(jobs, results, strict=True):
                 job.compute_ms = elapsed * 1000
-                job.deliver(hyps if isinstance(hyps, BaseException) else hyps[i])
+                job.deliver(result)
 
 
 @dataclass(frozen=True)
@@ -388,7 +374,6 @@ class _Job:
     loop: asyncio.AbstractEventLoop
     cancelled: bool = False
     compute_ms: float = 0.0
-    requested_end: int = -1
     previous: list[int] = field(default_factory=list)  # text tokens before the window
     previous_keys: list[str] = field(default_factory=list)  # words of the previous hypothesis
     committed: int = 0  # how many words are committed
@@ -533,7 +518,6 @@ class AsrStream:
         end = min(max(position, self._offset), self._offset + self._audio.size) - self._offset
         job = _Job(self._audio[:end].copy(), self._offset, self._prefix(), final, self._loop)
         job.previous = self._previous_tokens()
-        job.requested_end = position  # audio may not reach it yet: the VAD pads its positions
         job.previous_keys = self._agreement.previous_keys()
         job.committed = len(self._agreement.committed)
         job.earlier = tuple(self._earlier)

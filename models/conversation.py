@@ -57,6 +57,7 @@ class TurnStats:
     cached_tokens: int = 0
     first_token_s: float | None = None
     settled: bool = False  # cached_tokens is the LLM's own figure
+    end_of_turn: float | None = None  # a prefill's: P(the user's message ends after its words)
 
     @property
     def prefilled_tokens(self) -> int:
@@ -216,6 +217,8 @@ class Conversation:
             async for delta in self._run(target, stats, max_tokens=1, logprobs_of=[close]):
                 if delta.logprobs is not None and close in delta.logprobs:
                     self._scored = (target, math.exp(delta.logprobs[close]))
+            scored = self._scored  # this pass's, or the one whose KV held the words already
+            stats.end_of_turn = scored[1] if scored is not None and scored[0] == target else None
             return stats
 
     async def end_of_turn(self, words: str) -> float | None:
@@ -224,13 +227,7 @@ class Conversation:
         the pass that prefills the words (this one, or an earlier one whose KV holds them
         already), so it costs no pass of its own. None if the LLM could not say (it is
         out, or the words do not fit in the context)."""
-        text = words.strip()
-        if not text:
-            return None
-        await self.prefill(text, latest=False)
-        target = self._prompt(self.format.encode(text), close=False)
-        scored = self._scored
-        return scored[1] if scored is not None and scored[0] == target else None
+        return (await self.prefill(words, latest=False)).end_of_turn
 
     async def reply(self, user_text: str | bytes, turn_id: str = "") -> AsyncGenerator[str, None]:
         """Add the user's turn and stream the reply's text deltas.
