@@ -37,6 +37,16 @@ async def test_a_reply_streams_and_is_correct(llm_engine):
     assert conversation.last.first_token_s is not None
 
 
+async def test_the_warm_up_at_start_leaves_nothing_on_the_engines_books(llm_engine):
+    # start ran one throwaway stream (the first caller must not pay vLLM's first-request
+    # cost): it holds no KV and is not a stream to cancel
+    for _ in range(100):
+        if "warm-up" not in llm_engine._streams:
+            break
+        await asyncio.sleep(0.05)
+    assert "warm-up" not in llm_engine._streams and "warm-up" not in llm_engine._budget
+
+
 async def prefilled_by_vllm(engine, turn):
     """Run `turn` and return how many prompt tokens vLLM computed for it (its own figures)."""
     before = engine.counters.prefill_tokens
