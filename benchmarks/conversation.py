@@ -3,13 +3,18 @@
 Each session is a `VirtualCaller` whose microphone also picks up the assistant's voice
 at -20 dB, 40-250 ms late (a speakerphone without echo cancellation). Its script:
 
-    ask A ─ reply ─ ask for a story ─ interrupt after 1.0-1.6 s of it ─ reply ─ ask C ─ reply
+    ask A ─ reply ─ { ask for a story ─ interrupt after 1.0-1.6 s of it ─ reply } ─ ask C ─ reply
+
+with the braces once for each interrupting line (`benchmarks.interruptions`: every kind
+of onset, in the bundled voice and in real people's), each session from another one.
 
 - ``v2v_ms``: the end of the caller's voice to the first reply frame reaching the caller.
-- ``bargein_stop_ms``: the onset of the interrupting voice to the last frame of the cut reply.
+- ``bargein_stop_ms``: the onset of the interrupting voice to the last frame of the cut
+  reply; also by the line's onset kind and voice, and ``interruptions_missed``: lines
+  that cut nothing.
 - ``truncation_exact_rate``: cut replies whose truncated text, in the event and in the
   conversation, equals what the caller heard by its own count (half of a word played).
-- ``self_interruptions``: pauses or cuts of a reply not caused by the script (echo),
+- ``self_interruptions``: pauses or cuts of a reply that no caller voice came over (echo),
   quick pauses that the VAD did not confirm included.
 - ``loop_lag_p99_ms``: how late a 10 ms timer on the event loop fires, 99th percentile.
 """
@@ -31,6 +36,7 @@ from audio_io.pcm import RUNTIME_RATE
 from audio_io.resample import resample
 from audio_io.wav import read_wav
 from benchmarks.common import bench_main, new_plot, percentiles, save_plot, sessions_of
+from benchmarks.interruptions import Line, interrupting_lines
 from duplex import events as ev
 from duplex.caller import Silence, Speak, Step, UntilHeard, UntilReplyDone, VirtualCaller, heard_by_marks
 from duplex.config import Config
@@ -42,36 +48,45 @@ from models.cpu_variant import cpu_description
 
 QUESTIONS = ("What is the capital city of France?", "Name a big river in Europe.", "What do bees make?")
 STORY = "Please tell me a long story about a brave little dragon."
-STOP = "Stop please. What is two plus two?"
 ECHO_DB = -20.0
 
 
-def _script(clips: dict[str, Speak], i: int, turns: int) -> tuple[list[Step], int]:
-    """A session's timeline and how many interruptions it scripts."""
+def _script(clips: dict[str, Speak], lines: list[Line], i: int, turns: int) -> tuple[list[Step], list[str]]:
+    """A session's timeline, and the label of each clip it speaks, in order."""
     steps: list[Step] = [Silence(0.3 + 0.45 * i)]  # staggered starts
+    spoken: list[str] = []
+
+    def say(label: str, then: Step) -> None:
+        steps.extend([clips[label], then])
+        spoken.append(label)
+
     if turns:  # a long session: question after question
         for t in range(turns):
-            steps += [clips[QUESTIONS[t % len(QUESTIONS)]], UntilReplyDone(timeout=60, after=0.6)]
-        return steps, 0
-    steps += [clips[QUESTIONS[0]], UntilReplyDone(timeout=60, after=0.6)]
-    steps += [clips[STORY], UntilHeard(1.0 + 0.2 * (i % 4), timeout=60)]
-    steps += [clips[STOP], UntilReplyDone(timeout=60, after=0.6)]
-    steps += [clips[QUESTIONS[1 + i % 2]], UntilReplyDone(timeout=60, after=0.6)]
-    return steps, 1
+            say(QUESTIONS[t % len(QUESTIONS)], UntilReplyDone(timeout=60, after=0.6))
+        return steps, spoken
+    say(QUESTIONS[0], UntilReplyDone(timeout=60, after=0.6))
+    for j in range(len(lines)):
+        say(STORY, UntilHeard(1.0 + 0.2 * ((i + j) % 4), timeout=60))
+        say(lines[(i + j) % len(lines)].label, UntilReplyDone(timeout=60, after=0.6))
+    say(QUESTIONS[1 + i % 2], UntilReplyDone(timeout=60, after=0.6))
+    return steps, spoken
 
 
 async def _session(
-    engines: Engines, clips: dict[str, Speak], i: int, turns: int, config: SessionConfig
+    engines: Engines, clips: dict[str, Speak], lines: list[Line], i: int, turns: int, config: SessionConfig
 ) -> dict[str, Any]:
     caller = VirtualCaller(echo_db=ECHO_DB, echo_delay_s=0.04 + 0.21 * (i % 5) / 4)
     session = Session(engines, caller, config)
-    steps, scripted = _script(clips, i, turns)
+    steps, spoken = _script(clips, lines, i, turns)
+    by_label = {line.label: line for line in lines}
+    stopped: set[int] = set()  # the utterances that stopped a reply
+    bargein: list[dict[str, Any]] = []
     await session.start()
     try:
         await caller.play(session, steps)
     finally:
         await session.close()
-    v2v, stops, exact, cuts = [], [], 0, 0
+    v2v, stops, exact, cuts, by_caller = [], [], 0, 0, 0
     created = caller.of_type(ev.RESPONSE_CREATED)
     samples = []
     for k, answer, heard_at, voice_end in replies_to_utterances(caller):
@@ -84,10 +99,17 @@ async def _session(
         truncated = cut[0]
         cuts += 1
         rid = str(done.data["response_id"])
-        onset = max(s for s, _ in caller.voice_spans if s < done.at)
+        k, onset = max((k, s) for k, (s, _) in enumerate(caller.voice_spans) if s < done.at)
         first, last = caller.first_frame(rid), caller.last_frame(rid)
-        if first is not None and last is not None and onset > first:  # it was playing: stopped
-            stops.append(max(0.0, last - onset) * 1000)
+        if first is not None and last is not None:  # the caller's voice came over it: theirs
+            by_caller += any(s < last and e > first for s, e in caller.voice_spans)
+        line = by_label.get(spoken[k])
+        if first is not None and last is not None and onset > first and line:  # it was playing: stopped
+            stops.append((line, max(0.0, last - onset) * 1000))
+            stopped.add(k)
+            bargein.append(
+                {"session": i, "line": line.label, "response_id": rid, "stop_ms": round(stops[-1][1], 1)}
+            )
         turn = session.ledger.turn(rid)
         marks = [(m.char_start, m.char_end, m.sample_start, m.sample_end) for m in turn.marks]
         truth = heard_by_marks(turn.text, marks, caller.played(rid))
@@ -95,10 +117,12 @@ async def _session(
         exact += truncated.data["transcript"] == truth and truth in told
     return {
         "v2v_ms": v2v,
-        "stop_ms": stops,
+        "stops": stops,
+        "missed": sum(1 for k, label in enumerate(spoken) if label in by_label and k not in stopped),
+        "bargein_samples": bargein,
         "cuts": cuts,
         "exact": exact,
-        "self_interruptions": session.barge_ins + session.resumes + session.false_alarms - scripted,
+        "self_interruptions": session.barge_ins + session.resumes + session.false_alarms - by_caller,
         "replies": len(created),
         "breakdowns": [e.data for e in caller.of_type(ev.METRICS)],
         "v2v_samples": samples,
@@ -129,6 +153,7 @@ def replies_to_utterances(caller: VirtualCaller) -> list[tuple[int, str, float, 
 async def run_sessions(
     engines: Engines,
     clips: dict[str, Speak],
+    lines: list[Line],
     sessions: int,
     turns: int,
     config: SessionConfig | None = None,
@@ -142,23 +167,30 @@ async def run_sessions(
     cpu0 = process.cpu_times()
     started = time.perf_counter()
     try:
-        results = await asyncio.gather(*(_session(engines, clips, i, turns, config) for i in range(sessions)))
+        results = await asyncio.gather(
+            *(_session(engines, clips, lines, i, turns, config) for i in range(sessions))
+        )
     finally:
         await lag.stop()
     lags = lag.samples_ms
     cuts = sum(r["cuts"] for r in results)
     v2v = [x for r in results for x in r["v2v_ms"]]
+    stops: list[tuple[Line, float]] = [x for r in results for x in r["stops"]]
     out: dict[str, Any] = {
         "v2v_ms": percentiles(v2v),
-        "bargein_stop_ms": percentiles([x for r in results for x in r["stop_ms"]]),
+        "bargein_stop_ms": percentiles([ms for _, ms in stops]),
+        "bargein_stop_ms_by_onset": _stops_by(stops, lambda line: line.onset),
+        "bargein_stop_ms_by_voice": _stops_by(stops, lambda line: line.voice),
         "truncation_exact_rate": round(sum(r["exact"] for r in results) / cuts, 3) if cuts else None,
         "barge_ins": cuts,
+        "interruptions_missed": sum(r["missed"] for r in results),
         "self_interruptions": sum(r["self_interruptions"] for r in results),
         "loop_lag_p99_ms": round(float(np.percentile(lags, 99)), 1) if lags else None,
         "replies": sum(r["replies"] for r in results),
         "wall_s": round(time.perf_counter() - started, 1),
         "rss_growth_mb": round((process.memory_info().rss - rss0) / 2**20, 1),
         "v2v_samples": [x for r in results for x in r["v2v_samples"]],
+        "bargein_samples": [x for r in results for x in r["bargein_samples"]],
         "end_of_turn": _end_of_turn(results),
     }
     cpu = process.cpu_times()
@@ -170,6 +202,22 @@ async def run_sessions(
         out["v2v_ms_by_turn"] = [round(x, 1) for x in results[0]["v2v_ms"]]
         out["steps_ms_by_half"] = _steps_by_half(results[0]["breakdowns"])
     return out
+
+
+def _described(line: Line) -> dict[str, Any]:
+    return {
+        "onset": line.onset,
+        "voice": line.voice,
+        "text": line.text,
+        "recorded": line.recording is not None,
+    }
+
+
+def _stops_by(stops: list[tuple[Line, float]], key: Callable[[Line], str]) -> dict[str, Any]:
+    groups: dict[str, list[float]] = {}
+    for line, ms in stops:
+        groups.setdefault(key(line), []).append(ms)
+    return {name: percentiles(values) for name, values in sorted(groups.items())}
 
 
 def _end_of_turn(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -196,8 +244,10 @@ def _steps_by_half(breakdowns: list[dict[str, Any]]) -> dict[str, list[float]]:
     }
 
 
-def clips_for(engines: Engines, utterances: list[str] | None = None) -> dict[str, Speak]:
-    texts = [*QUESTIONS, STORY, STOP]
+def clips_for(engines: Engines, utterances: list[str] | None = None) -> tuple[dict[str, Speak], list[Line]]:
+    """The caller's clips by label (the questions and the story by their text), and the
+    interrupting lines."""
+    texts = [*QUESTIONS, STORY]
     if utterances:  # the caller's own recordings, in the order of the texts above
         if len(utterances) != len(texts):
             raise SystemExit(f"--utterances takes {len(texts)} WAV files: {', '.join(texts)}")
@@ -208,7 +258,8 @@ def clips_for(engines: Engines, utterances: list[str] | None = None) -> dict[str
     else:
         tts = engines.tts
         audio = [resample(tts.synthesize(t).audio, tts.sample_rate, RUNTIME_RATE) for t in texts]
-    return {t: Speak(a) for t, a in zip(texts, audio, strict=True)}
+    interrupting, lines = interrupting_lines(engines.tts)
+    return {t: Speak(a) for t, a in zip(texts, audio, strict=True)} | interrupting, lines
 
 
 def with_engines(
@@ -243,12 +294,12 @@ def bench_conversation(
     config: Config, sessions: list[int], utterances: list[str] | None = None, turns: int = 0
 ) -> dict[str, Any]:
     async def body(engines: Engines) -> dict[str, Any]:
-        clips = clips_for(engines, utterances)
-        result: dict[str, Any] = {"sessions": {}}
+        clips, lines = clips_for(engines, utterances)
+        result: dict[str, Any] = {"sessions": {}, "interruptions": [_described(line) for line in lines]}
         for n in sessions:
-            result["sessions"][str(n)] = await run_sessions(engines, clips, n, 0)
+            result["sessions"][str(n)] = await run_sessions(engines, clips, lines, n, 0)
         if turns:
-            result["long_session"] = await run_sessions(engines, clips, 1, turns)
+            result["long_session"] = await run_sessions(engines, clips, lines, 1, turns)
         return result
 
     return with_engines(

@@ -196,12 +196,12 @@ def bench_endpoint(config: Config, turns: int = 10, recordings: list[str] | None
             "mid_sentence": mid_sentence_turns(engines, recordings),
         }
         heard = {name: [await pauses_of(engines, turn) for turn in audio] for name, audio in sets.items()}
-        clips = clips_for(engines)
+        clips, lines = clips_for(engines)
         policies: dict[str, Any] = {}
         for policy in POLICIES:
             row: dict[str, Any] = {name: judge(policy, turns_) for name, turns_ in heard.items()}
             if turns and policy in TIMED:
-                run = await run_sessions(engines, clips, 1, turns, policy.session_config())
+                run = await run_sessions(engines, clips, lines, 1, turns, policy.session_config())
                 row["v2v_ms"] = run["v2v_ms"]
                 row["session_silence_waited_ms"] = run["end_of_turn"]["silence_waited_ms"]
                 row["self_interruptions"] = run["self_interruptions"]

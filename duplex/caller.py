@@ -30,18 +30,28 @@ from duplex.transports.port import SessionPort
 FRAME = RUNTIME_RATE // 50  # 20 ms
 
 
+def voiced_frames(samples: npt.NDArray[np.int16]) -> npt.NDArray[np.bool_]:
+    """Which 10 ms frames are the voice: louder than 40 dB under the loudest, and than
+    10 dB over the background (the quietest tenth of the frames), so that a recording's
+    room noise is not taken for the voice, though never asked to be within 20 dB of
+    the loudest (a clip that is voice throughout has no background)."""
+    hop = RUNTIME_RATE // 100
+    n = samples.size // hop
+    if n == 0:
+        return np.zeros(0, np.bool_)
+    power = np.mean(samples[: n * hop].astype(np.float64).reshape(n, hop) ** 2, axis=1)
+    peak = power.max()
+    return power > max(peak * 1e-4, min(np.percentile(power, 10) * 10, peak * 1e-2))
+
+
 @dataclass(frozen=True)
 class Speak:
     samples: npt.NDArray[np.int16]  # 16 kHz mono
 
     def voiced(self) -> tuple[float, float]:
-        """Seconds from the start to the first and past the last voiced 10 ms."""
-        hop = RUNTIME_RATE // 100
-        n = self.samples.size // hop
-        if n == 0:
-            return 0.0, self.samples.size / RUNTIME_RATE
-        energy = np.sqrt(np.mean(self.samples[: n * hop].astype(np.float64).reshape(n, hop) ** 2, axis=1))
-        loud = np.nonzero(energy > energy.max() * 0.01)[0]
+        """Seconds from the start to the first and past the last voiced 10 ms
+        (`voiced_frames`)."""
+        loud = np.flatnonzero(voiced_frames(self.samples))
         if loud.size == 0:
             return 0.0, self.samples.size / RUNTIME_RATE
         return float(loud[0]) / 100, float(loud[-1] + 1) / 100

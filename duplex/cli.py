@@ -152,8 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--utterances",
         nargs="+",
         metavar="WAV",
-        help="conversation: the caller's own recordings of the scripted lines, in order; endpoint: "
-        "recordings of turns that pause mid-sentence (instead of synthesized ones)",
+        help="conversation: the caller's own recordings of the three questions and the story request, "
+        "in order; endpoint: recordings of turns that pause mid-sentence (instead of synthesized ones)",
     )
     bench.add_argument(
         "--turns",

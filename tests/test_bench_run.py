@@ -4,10 +4,14 @@ not know."""
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
+import wave
+import zipfile
 
+import numpy as np
 import pytest
 
 from benchmarks.run import NAMES, SettingError, benchmarks
@@ -107,3 +111,59 @@ def test_each_utterance_is_measured_against_its_own_reply():
     # an utterance with no reply of its own (a backchannel over one) is not measured
     caller.voice_spans.insert(1, (5.0, 5.4))
     assert [k for k, *_ in replies_to_utterances(caller)] == [0, 2]
+
+
+def tone(seconds: float, db: float, rate: int = 16000) -> np.ndarray:
+    t = np.arange(round(seconds * rate)) / rate
+    return np.sin(2 * np.pi * 220 * t) * 10 ** (db / 20) * 32767 * np.sqrt(2)
+
+
+def noise(seconds: float, db: float, rng: np.random.Generator, rate: int = 16000) -> np.ndarray:
+    return rng.standard_normal(round(seconds * rate)) * 10 ** (db / 20) * 32767
+
+
+def test_a_recordings_room_noise_is_not_taken_for_its_voice():
+    from duplex.caller import Speak
+
+    rng = np.random.default_rng(0)
+    voice = np.concatenate(
+        [noise(0.3, -60, rng), tone(0.5, -20) + noise(0.5, -60, rng), noise(0.2, -60, rng)]
+    )
+    assert Speak(voice.astype(np.int16)).voiced() == pytest.approx((0.3, 0.8), abs=0.011)
+    synthesized = np.concatenate([np.zeros(4800), tone(0.5, -20), np.zeros(3200)])  # digital silence
+    assert Speak(synthesized.astype(np.int16)).voiced() == pytest.approx((0.3, 0.8), abs=0.011)
+
+
+def test_recorded_interruptions_are_cut_faded_and_as_loud_as_the_synthesized_ones(tmp_path, tts_engine):
+    from benchmarks.interruptions import RECORDED, SYNTHESIZED, interrupting_lines, voiced_level_db
+
+    rng = np.random.default_rng(1)
+    members: dict[tuple[str, str], np.ndarray] = {}
+    for line in RECORDED:  # stand-ins for the two wheels' WAVs: a tone in room noise where each line is
+        assert line.recording is not None
+        key = (line.recording.wheel, line.recording.member)
+        audio = members.setdefault(key, noise(30.0, -60, rng))
+        start, end = (
+            round((line.recording.start_s + 0.1) * 16000),
+            round((line.recording.end_s - 0.1) * 16000),
+        )
+        audio[start:end] += tone((end - start) / 16000, -35)
+    for (wheel, member), audio in members.items():
+        body = io.BytesIO()
+        with wave.open(body, "wb") as wav:
+            wav.setparams((1, 2, 16000, 0, "NONE", "not compressed"))
+            wav.writeframes(audio.astype("<i2").tobytes())
+        with zipfile.ZipFile(tmp_path / f"{wheel}py3-none-any.whl", "w") as zipped:
+            zipped.writestr(member, body.getvalue())
+
+    clips, lines = interrupting_lines(tts_engine, tmp_path)
+    assert lines == [*SYNTHESIZED, *RECORDED] and set(clips) == {line.label for line in lines}
+    target = np.mean([voiced_level_db(clips[line.label].samples) for line in SYNTHESIZED])
+    for line in RECORDED:
+        clip = clips[line.label]
+        assert voiced_level_db(clip.samples) == pytest.approx(target, abs=0.5)
+        assert clip.voiced()[0] == pytest.approx(0.1, abs=0.011)  # the tone, not the noise before it
+        assert abs(int(clip.samples[0])) < 30 and abs(int(clip.samples[-1])) < 30  # faded: no click
+    # without the wheels: the synthesized lines alone
+    clips, lines = interrupting_lines(tts_engine, tmp_path / "absent")
+    assert lines == list(SYNTHESIZED) and len(clips) == len(SYNTHESIZED)
