@@ -90,7 +90,7 @@ class LlmEngine:
         self._streams: dict[str, KvStream] = {}  # until their reader ends, alive or not
         self._aborts: set[asyncio.Task[None]] = set()
 
-    async def start(self) -> None:
+    async def start(self, warm_up: bool = True) -> None:
         # ~20-30 s of blocking set-up (importing vLLM, its engine core process, the
         # model load, warm-up): off the event loop, so that health checks and signals
         # are answered meanwhile
@@ -108,7 +108,8 @@ class LlmEngine:
         # request's logprob settings from its first chunk, and a later chunk that asks
         # for other ones fails the engine's output handler (every request with it)
         self._stream_logprobs = [self.chat_format.user_close()[0]]
-        await self._warm_up()
+        if warm_up:
+            await self._warm_up()
 
     async def _warm_up(self) -> None:
         """One throwaway stream, so that the first caller does not pay for what vLLM does
@@ -210,7 +211,9 @@ class LlmEngine:
         engine, self._engine, self._budget = self._engine, None, None
         if engine is not None:
             await asyncio.to_thread(_stop, engine, 1.0)
-        await self.start()
+        # no warm-up here: a stream that waits on the new engine core would hold up a
+        # shutdown that comes during the restart (test_faults_served's SIGTERM)
+        await self.start(warm_up=False)
 
     @property
     def capacity_tokens(self) -> int:
