@@ -33,7 +33,7 @@ import numpy.typing as npt
 
 from audio_io.pcm import RUNTIME_RATE
 from audio_io.resample import resample
-from duplex.caller import Speak, voiced_frames
+from duplex.caller import Speak, frame_power, voiced_frames
 from models.tts import TtsEngine
 
 SPEECH_DIR = Path(sys.prefix) / "speech"  # where `make setup-bench` puts the wheels
@@ -91,10 +91,7 @@ RECORDED = tuple(
 
 def voiced_level_db(samples: npt.NDArray[np.int16]) -> float:
     """The mean power of a clip's voiced 10 ms frames (`voiced_frames`), in dBFS."""
-    hop = RUNTIME_RATE // 100
-    n = samples.size // hop
-    power = np.mean((samples[: n * hop].astype(np.float64) / 32768).reshape(n, hop) ** 2, axis=1)
-    return float(10 * np.log10(np.mean(power[voiced_frames(samples)])))
+    return float(10 * np.log10(np.mean(frame_power(samples)[voiced_frames(samples)]) / 32768**2))
 
 
 def _peak_db(audio: npt.NDArray[np.float64]) -> float:

@@ -30,16 +30,21 @@ from duplex.transports.port import SessionPort
 FRAME = RUNTIME_RATE // 50  # 20 ms
 
 
+def frame_power(samples: npt.NDArray[np.int16]) -> npt.NDArray[np.float64]:
+    """The mean square of each whole 10 ms frame, in int16 units."""
+    hop = RUNTIME_RATE // 100
+    n = samples.size // hop
+    return np.mean(samples[: n * hop].astype(np.float64).reshape(n, hop) ** 2, axis=1)
+
+
 def voiced_frames(samples: npt.NDArray[np.int16]) -> npt.NDArray[np.bool_]:
     """Which 10 ms frames are the voice: louder than 40 dB under the loudest, and than
     10 dB over the background (the quietest tenth of the frames), so that a recording's
     room noise is not taken for the voice, though never asked to be within 20 dB of
     the loudest (a clip that is voice throughout has no background)."""
-    hop = RUNTIME_RATE // 100
-    n = samples.size // hop
-    if n == 0:
+    power = frame_power(samples)
+    if power.size == 0:
         return np.zeros(0, np.bool_)
-    power = np.mean(samples[: n * hop].astype(np.float64).reshape(n, hop) ** 2, axis=1)
     peak = power.max()
     return power > max(peak * 1e-4, min(np.percentile(power, 10) * 10, peak * 1e-2))
 

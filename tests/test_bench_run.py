@@ -137,6 +137,7 @@ def test_a_recordings_room_noise_is_not_taken_for_its_voice():
 def test_recorded_interruptions_are_cut_faded_and_as_loud_as_the_synthesized_ones(tmp_path, tts_engine):
     from benchmarks.interruptions import RECORDED, SYNTHESIZED, interrupting_lines, voiced_level_db
 
+    assert RECORDED  # the loops below run
     rng = np.random.default_rng(1)
     members: dict[tuple[str, str], np.ndarray] = {}
     for line in RECORDED:  # stand-ins for the two wheels' WAVs: a tone in room noise where each line is
