@@ -441,7 +441,12 @@ class AsrStream:
         self._reset_utterance(position - pre.size)
         self._audio = pcm16_to_float(pre)
 
-    def push(self, samples: npt.NDArray[np.int16]) -> None:
+    def push(self, samples: npt.NDArray[np.int16], partial: bool = True) -> None:
+        """More of the utterance. ``partial`` False: no partial pass starts now (the
+        caller is in a pause, whose speculative final has the words; one due starts
+        as soon as the voice resumes). A partial pass over the pause would hear only
+        silence, and take a core from the reply being prepared: at one session it ran
+        beside the turn's score, the reply's first tokens and its first phrase's TTS."""
         if samples.dtype != np.int16:
             raise TypeError(f"ASR takes int16 samples at 16 kHz, got {samples.dtype}")
         if not self._active:
@@ -449,7 +454,7 @@ class AsrStream:
         self._audio = np.concatenate([self._audio, pcm16_to_float(samples)])
         self._since_partial += samples.size
         self._slide_window()
-        if self._since_partial >= self.partial_interval and self._partial is None:
+        if partial and self._since_partial >= self.partial_interval and self._partial is None:
             self._since_partial = 0
             self._start_partial()
 

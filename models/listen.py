@@ -100,7 +100,7 @@ class Listener:
         self._history = np.concatenate([self._history, samples])[-HISTORY:]
         self._end += samples.size
         if self.speaking:
-            self.asr.push(samples)
+            self.asr.push(samples, partial=not self.paused)
         events: list[ListenEvent] = []
         for event in await self.vad.push(samples):
             if event.kind is VadEventKind.SPEECH_START:

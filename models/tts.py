@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import queue
 import re
@@ -76,13 +77,31 @@ def voiced_span(audio: npt.NDArray[np.float32], rate: int) -> tuple[int, int]:
     return int(loud[0] * hop), int(min(audio.size, (loud[-1] + 1) * hop))
 
 
+# One onnxruntime thread: with two, each of piper's ops is split across both cores, and
+# waits for the half on the core the LLM's engine core computes on. A two-word phrase
+# took 57 ms idle, but 127-144 ms beside one busy core (as in a session, the LLM
+# decoding the rest of the reply); with one thread, 80 ms idle and 75-90 ms beside it
+# (AMD EPYC Zen 4, 2 cores, no AMX).
+TTS_THREADS = 1
+
+
 class TtsEngine:
     """One piper voice, shared by all sessions; synthesis runs on one worker thread."""
 
-    def __init__(self, voice_path: str | Path, deterministic: bool = False) -> None:
-        from piper import PiperVoice, SynthesisConfig
+    def __init__(
+        self, voice_path: str | Path, deterministic: bool = False, threads: int = TTS_THREADS
+    ) -> None:
+        import onnxruntime
+        from piper import PiperConfig, PiperVoice, SynthesisConfig
 
-        self.voice = PiperVoice.load(str(voice_path))
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        session = onnxruntime.InferenceSession(
+            str(voice_path), sess_options=options, providers=["CPUExecutionProvider"]
+        )
+        config = PiperConfig.from_dict(json.loads(Path(f"{voice_path}.json").read_text(encoding="utf-8")))
+        self.voice = PiperVoice(config=config, session=session)
         self.name = Path(voice_path).name.removesuffix(".onnx")  # e.g. en_US-joe-medium
         self.sample_rate: int = self.voice.config.sample_rate
         self.frame_samples = self.sample_rate // 50

@@ -276,3 +276,21 @@ async def test_a_partial_pass_that_heard_past_the_last_word_serves_as_the_final(
         assert final.text == alone
         assert asr_engine.finals_from_partials - reused == int(serves)
         assert asr_engine.passes - passes == (1 if serves else 2)
+
+
+async def test_no_partial_pass_starts_in_a_pause_and_one_due_starts_when_the_voice_resumes(
+    asr_engine, speech_set
+):
+    """In an announced pause the speculative final has the words: a partial pass due
+    then would hear silence and take a core from the reply being prepared. It waits,
+    and starts at the first audio after the voice resumes."""
+    from models.asr import AsrStream
+
+    audio = speech_set[0].audio
+    asr = AsrStream(asr_engine, partial_interval=8000)
+    asr.begin(0)
+    asr.push(audio[:16000], partial=False)  # a second of it, all in a pause
+    assert asr._partial is None
+    asr.push(audio[16000:16320])  # the voice resumes
+    assert asr._partial is not None and asr._partial.end == 16320
+    asr.cancel()

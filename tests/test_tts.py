@@ -123,3 +123,17 @@ async def test_push_after_end_is_a_bug(tts_engine):
     stream.end_text()
     with pytest.raises(AssertionError, match="after end_text"):
         stream.push_text("more")
+
+
+def test_the_voice_sounds_as_piper_loads_it(tts_engine):
+    """The engine builds its voice itself (one onnxruntime thread, `TTS_THREADS`): the
+    audio is sample for sample what piper's own loader gives."""
+    from piper import PiperVoice
+
+    from models.bundled import BUNDLED
+
+    piper = PiperVoice.load(str(BUNDLED["voice"].locate()))
+    config = tts_engine._syn_config
+    theirs = np.concatenate([c.audio_float_array for c in piper.synthesize(FIRST, config)])
+    ours = np.concatenate([c.audio_float_array for c in tts_engine.voice.synthesize(FIRST, config)])
+    np.testing.assert_allclose(ours, theirs, atol=1e-4)
