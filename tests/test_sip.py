@@ -360,7 +360,7 @@ class Baresip:
     def __init__(self, directory: Path, wav: Path, account: str = "") -> None:
         self.directory = directory
         (directory / "rec").mkdir(parents=True)
-        port = free_udp_port()
+        port = free_sip_port()
         (directory / "config").write_text(
             "\n".join(
                 [
@@ -412,6 +412,22 @@ def free_udp_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def free_sip_port() -> int:
+    """A port for baresip's ``sip_listen``: it binds UDP and TCP there, and TLS (TCP) on
+    the next port. A port free for UDP alone once failed the call ("SIP/TLS transport
+    failed: Address already in use" on the next port, in make test)."""
+    while True:
+        port = free_udp_port()
+        with contextlib.ExitStack() as stack:
+            try:
+                for kind, p in ((socket.SOCK_STREAM, port), (socket.SOCK_STREAM, port + 1)):
+                    s = stack.enter_context(socket.socket(socket.AF_INET, kind))
+                    s.bind(("127.0.0.1", p))
+            except OSError:
+                continue
+        return port
 
 
 def caller_wav(tts_engine, path: Path, text: str, silence_s: float) -> Path:
