@@ -10,7 +10,8 @@ did not work: truncating the encoder output to the audio (or to audio plus 5-15 
 silence states) makes the decoder loop ("What time is it? What time is it? ...") on
 short utterances; only the full 1,500 positions were reliable on our test phrases.
 
-While the caller speaks, a partial pass runs every ``partial_interval`` of new audio.
+While the caller speaks, a partial pass runs every ``partial_interval`` of new audio
+(none starts in a pause the VAD announced: the speculative final has the words).
 Words two consecutive passes agree on are committed (`LocalAgreement`) and forced as
 the decoder prefix of every later pass, so they are never retracted. When the VAD
 reports a pause, the final pass of the utterance so far starts at once (or the partial
