@@ -36,6 +36,7 @@ import numpy.typing as npt
 from audio_io.frame import AudioFrame
 from audio_io.pcm import float_to_pcm16
 from models.handoff import resolve_from_thread
+from models.onnx_cpu import cpu_session
 from models.phrases import Phrase, PhraseSplitter
 
 log = logging.getLogger("duplex.tts")
@@ -88,20 +89,11 @@ TTS_THREADS = 1
 class TtsEngine:
     """One piper voice, shared by all sessions; synthesis runs on one worker thread."""
 
-    def __init__(
-        self, voice_path: str | Path, deterministic: bool = False, threads: int = TTS_THREADS
-    ) -> None:
-        import onnxruntime
+    def __init__(self, voice_path: str | Path, deterministic: bool = False) -> None:
         from piper import PiperConfig, PiperVoice, SynthesisConfig
 
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        session = onnxruntime.InferenceSession(
-            str(voice_path), sess_options=options, providers=["CPUExecutionProvider"]
-        )
         config = PiperConfig.from_dict(json.loads(Path(f"{voice_path}.json").read_text(encoding="utf-8")))
-        self.voice = PiperVoice(config=config, session=session)
+        self.voice = PiperVoice(config=config, session=cpu_session(voice_path, TTS_THREADS))
         self.name = Path(voice_path).name.removesuffix(".onnx")  # e.g. en_US-joe-medium
         self.sample_rate: int = self.voice.config.sample_rate
         self.frame_samples = self.sample_rate // 50

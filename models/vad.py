@@ -37,6 +37,7 @@ import numpy.typing as npt
 
 from audio_io.pcm import RUNTIME_RATE, pcm16_to_float
 from models.handoff import resolve_from_thread
+from models.onnx_cpu import cpu_session
 
 log = logging.getLogger("duplex.vad")
 
@@ -179,14 +180,7 @@ class VadEngine:
     _closed: bool = False
 
     def __post_init__(self) -> None:
-        import onnxruntime
-
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = 1
-        options.inter_op_num_threads = 1
-        self._session = onnxruntime.InferenceSession(
-            str(self.model_path), sess_options=options, providers=["CPUExecutionProvider"]
-        )
+        self._session = cpu_session(self.model_path)
         self._sr = np.array(SAMPLE_RATE, dtype=np.int64)
         self._thread = threading.Thread(target=self._work, name="vad-engine", daemon=True)
         self._thread.start()

@@ -408,23 +408,20 @@ async def eventually(condition: Callable[[], bool], within: float) -> None:
             await asyncio.sleep(0.05)
 
 
-def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def free_sip_port() -> int:
     """A port for baresip's ``sip_listen``: it binds UDP and TCP there, and TLS (TCP) on
     the next port. A port free for UDP alone once failed the call ("SIP/TLS transport
     failed: Address already in use" on the next port, in make test)."""
     while True:
-        port = free_udp_port()
         with contextlib.ExitStack() as stack:
+            udp = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
+            udp.bind(("127.0.0.1", 0))
+            port = int(udp.getsockname()[1])
             try:
-                for kind, p in ((socket.SOCK_STREAM, port), (socket.SOCK_STREAM, port + 1)):
-                    s = stack.enter_context(socket.socket(socket.AF_INET, kind))
-                    s.bind(("127.0.0.1", p))
+                for p in (port, port + 1):
+                    stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)).bind(
+                        ("127.0.0.1", p)
+                    )
             except OSError:
                 continue
         return port

@@ -126,7 +126,7 @@ async def test_push_after_end_is_a_bug(tts_engine):
 
 
 def test_the_voice_sounds_as_piper_loads_it(tts_engine):
-    """The engine builds its voice itself (one onnxruntime thread, `TTS_THREADS`): the
+    """The engine builds its voice itself (`onnx_cpu.cpu_session`, `TTS_THREADS`): the
     audio is sample for sample what piper's own loader gives."""
     from piper import PiperVoice
 
