@@ -11,7 +11,8 @@ of onset, in the bundled voice and in real people's), each session from another 
 - ``v2v_ms``: the end of the caller's voice to the first reply frame reaching the caller.
 - ``bargein_stop_ms``: the onset of the interrupting voice to the last frame of the cut
   reply; also by the line's onset kind and voice, and ``interruptions_missed``: lines
-  that cut nothing.
+  said over a reply that cut nothing (``interruptions_unplayed``: lines said when no
+  reply was playing, as when the reply to the story request was shorter than the wait).
 - ``truncation_exact_rate``: cut replies whose truncated text, in the event and in the
   conversation, equals what the caller heard by its own count (half of a word played).
 - ``self_interruptions``: pauses or cuts of a reply that no caller voice came over (echo),
@@ -86,6 +87,8 @@ async def _session(
         await caller.play(session, steps)
     finally:
         await session.close()
+    said = [k for k, label in enumerate(spoken) if label in by_label]  # the interrupting lines
+    over_reply = [k for k in said if _playing_at(caller, caller.voice_spans[k][0])]
     v2v, stops, exact, cuts, by_caller = [], [], 0, 0, 0
     created = caller.of_type(ev.RESPONSE_CREATED)
     samples = []
@@ -118,7 +121,12 @@ async def _session(
     return {
         "v2v_ms": v2v,
         "stops": stops,
-        "missed": sum(1 for k, label in enumerate(spoken) if label in by_label and k not in stopped),
+        "missed": [
+            {"session": i, "id": session.id, "line": spoken[k], "at": _wall_clock(caller.voice_spans[k][0])}
+            for k in over_reply
+            if k not in stopped
+        ],
+        "unplayed": len(said) - len(over_reply),
         "bargein_samples": bargein,
         "cuts": cuts,
         "exact": exact,
@@ -127,6 +135,23 @@ async def _session(
         "breakdowns": [e.data for e in caller.of_type(ev.METRICS)],
         "v2v_samples": samples,
     }
+
+
+def _playing_at(caller: VirtualCaller, instant: float) -> bool:
+    """A reply had begun to reach the caller by then and was not over."""
+    done = {e.data["response_id"]: e.at for e in caller.of_type(ev.RESPONSE_DONE)}
+    for created in caller.of_type(ev.RESPONSE_CREATED):
+        rid = str(created.data["response_id"])
+        first = caller.first_frame(rid)
+        if first is not None and first < instant < done.get(rid, float("inf")):
+            return True
+    return False
+
+
+def _wall_clock(instant: float) -> str:
+    """A monotonic instant as the time of day the log gives its lines."""
+    wall = time.time() - (time.monotonic() - instant)
+    return time.strftime("%H:%M:%S", time.localtime(wall)) + f".{int(wall * 1000) % 1000:03d}"
 
 
 def replies_to_utterances(caller: VirtualCaller) -> list[tuple[int, str, float, float]]:
@@ -183,7 +208,8 @@ async def run_sessions(
         "bargein_stop_ms_by_voice": _stops_by(stops, lambda line: line.voice),
         "truncation_exact_rate": round(sum(r["exact"] for r in results) / cuts, 3) if cuts else None,
         "barge_ins": cuts,
-        "interruptions_missed": sum(r["missed"] for r in results),
+        "interruptions_missed": sum(len(r["missed"]) for r in results),
+        "interruptions_unplayed": sum(r["unplayed"] for r in results),
         "self_interruptions": sum(r["self_interruptions"] for r in results),
         "loop_lag_p99_ms": round(float(np.percentile(lags, 99)), 1) if lags else None,
         "replies": sum(r["replies"] for r in results),
@@ -191,6 +217,7 @@ async def run_sessions(
         "rss_growth_mb": round((process.memory_info().rss - rss0) / 2**20, 1),
         "v2v_samples": [x for r in results for x in r["v2v_samples"]],
         "bargein_samples": [x for r in results for x in r["bargein_samples"]],
+        "missed_samples": [x for r in results for x in r["missed"]],
         "end_of_turn": _end_of_turn(results),
     }
     cpu = process.cpu_times()

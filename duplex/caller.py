@@ -149,9 +149,15 @@ class VirtualCaller:
         return self.played(response_id) / self._rate if self._rate else 0.0
 
     def _replied(self) -> bool:
-        """A reply ended after the caller last stopped speaking."""
+        """The reply to the caller's last words ended: one created after they stopped
+        speaking, or one that played out since (a reply they talked over and that then
+        resumed). A reply their words cut ends after they stop too, but is not it."""
         since = self.speech_ends[-1] if self.speech_ends else 0.0
-        return any(e.at > since for e in self.of_type(ev.RESPONSE_DONE))
+        answers = {e.data["response_id"] for e in self.of_type(ev.RESPONSE_CREATED) if e.at > since}
+        return any(
+            e.at > since and (e.data["response_id"] in answers or e.data.get("status") == "completed")
+            for e in self.of_type(ev.RESPONSE_DONE)
+        )
 
     def _current_response(self) -> str | None:
         """The reply to the caller's last words (created after they stopped speaking)."""

@@ -300,6 +300,7 @@ class Session(SessionPort):
         if verdict is policy.QuickPause.FALSE_ALARM:
             reply.quick_paused = None
             self.false_alarms += 1
+            log.debug("session %s: the VAD heard no caller after a quick pause", self.id)
             metrics.FALSE_ALARMS.inc()
             self._quick_holdoff = now + policy.QUICK_PAUSE_HOLDOFF_S
             reply.resume()
@@ -314,6 +315,8 @@ class Session(SessionPort):
         elif self._echo_utterance:
             if kind is ListenEventKind.FINAL:
                 self._echo_utterance = False
+                heard = event.result.text if event.result is not None else ""
+                log.debug("session %s: %r over the reply was never louder than its echo", self.id, heard)
         elif kind is ListenEventKind.PARTIAL:
             assert event.result is not None
             if self._interruption is not None:
@@ -370,6 +373,8 @@ class Session(SessionPort):
             return
         caller_start = onset - ECHO_PREROLL
         if caller_start > self._utterance_start:  # the VAD's utterance began with echo
+            late_ms = (caller_start - self._utterance_start) // 16
+            log.debug("session %s: the caller's voice rose over the echo %d ms in", self.id, late_ms)
             self._utterance_start = caller_start
             self._listener.restart(caller_start)
         self._echo_utterance = False
@@ -421,6 +426,9 @@ class Session(SessionPort):
         True if it was a barge-in."""
         resume = self.config.resume_false_interruptions
         verdict = policy.judge_interruption(pending.words, _said_lately(reply), ended, resume)
+        if verdict is not policy.Verdict.WAIT:
+            words, end = pending.words, "ended" if ended else "so far"
+            log.debug("session %s: interruption %r (%s): %s", self.id, words, end, verdict.value)
         if verdict is policy.Verdict.BARGE_IN:
             await self._barge_in(pending)
         elif verdict is not policy.Verdict.WAIT:  # a backchannel, no words, or the reply's echo

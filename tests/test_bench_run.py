@@ -113,6 +113,51 @@ def test_each_utterance_is_measured_against_its_own_reply():
     assert [k for k, *_ in replies_to_utterances(caller)] == [0, 2]
 
 
+def test_the_caller_waits_for_the_reply_to_its_words_not_the_one_they_cut():
+    """`UntilReplyDone` after an interrupting line: the cut reply's response.done comes
+    after the line ends (it is judged at its end), and was taken for the answer, so the
+    next request was said over the answer and interrupted it (the bench counted 184
+    barge-ins at 8 sessions where its script has 105 lines)."""
+    from duplex import events as ev
+    from duplex.caller import VirtualCaller
+    from duplex.events import Event
+
+    caller = VirtualCaller()
+    caller.speech_ends = [5.0]  # the interrupting line ended
+    caller.events = [
+        Event(ev.RESPONSE_CREATED, {"response_id": "resp_1"}, 1.0),  # the story
+        Event(ev.RESPONSE_DONE, {"response_id": "resp_1", "status": "cancelled"}, 5.3),  # cut by it
+    ]
+    assert not caller._replied()
+    caller.events += [
+        Event(ev.RESPONSE_CREATED, {"response_id": "resp_2"}, 5.6),  # the answer to the line
+        Event(ev.RESPONSE_DONE, {"response_id": "resp_2", "status": "completed"}, 8.0),
+    ]
+    assert caller._replied()
+    # a reply talked over that resumed (a backchannel) and played out is done too
+    caller.events = [
+        Event(ev.RESPONSE_CREATED, {"response_id": "resp_1"}, 1.0),
+        Event(ev.RESPONSE_DONE, {"response_id": "resp_1", "status": "completed"}, 9.0),
+    ]
+    assert caller._replied()
+
+
+def test_a_line_said_when_no_reply_plays_is_not_a_missed_interruption():
+    from benchmarks.conversation import _playing_at
+    from duplex import events as ev
+    from duplex.caller import Received, VirtualCaller
+    from duplex.events import Event
+
+    caller = VirtualCaller()
+    caller.events = [
+        Event(ev.RESPONSE_CREATED, {"response_id": "resp_1"}, 1.0),
+        Event(ev.RESPONSE_DONE, {"response_id": "resp_1", "status": "completed"}, 3.0),
+        Event(ev.RESPONSE_CREATED, {"response_id": "resp_2"}, 6.0),  # no done yet: still playing
+    ]
+    caller.frames = [Received(1.2, "resp_1", 480), Received(6.3, "resp_2", 480)]
+    assert [_playing_at(caller, t) for t in (1.1, 2.0, 4.0, 6.2, 7.0)] == [False, True, False, False, True]
+
+
 def tone(seconds: float, db: float, rate: int = 16000) -> np.ndarray:
     t = np.arange(round(seconds * rate)) / rate
     return np.sin(2 * np.pi * 220 * t) * 10 ** (db / 20) * 32767 * np.sqrt(2)
