@@ -15,6 +15,8 @@ of onset, in the bundled voice and in real people's), each session from another 
   reply was playing, as when the reply to the story request was shorter than the wait).
 - ``truncation_exact_rate``: cut replies whose truncated text, in the event and in the
   conversation, equals what the caller heard by its own count (half of a word played).
+- ``audio_gaps``: silences of over 100 ms inside a reply that no caller voice paused
+  (its audio ran out: TTS fell behind).
 - ``self_interruptions``: pauses or cuts of a reply that no caller voice came over (echo),
   quick pauses that the VAD did not confirm included.
 - ``loop_lag_p99_ms``: how late a 10 ms timer on the event loop fires, 99th percentile.
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -131,10 +134,25 @@ async def _session(
         "cuts": cuts,
         "exact": exact,
         "self_interruptions": session.barge_ins + session.resumes + session.false_alarms - by_caller,
+        "audio_gaps": _audio_gaps(caller),
         "replies": len(created),
         "breakdowns": [e.data for e in caller.of_type(ev.METRICS)],
         "v2v_samples": samples,
     }
+
+
+def _audio_gaps(caller: VirtualCaller, gap_s: float = 0.1) -> int:
+    """Silences of over ``gap_s`` inside a reply that no caller voice explains (it paused
+    the reply): its audio ran out before the reply did."""
+    gaps = 0
+    by_reply: dict[str, list[float]] = {}
+    for frame in caller.frames:
+        by_reply.setdefault(frame.response_id, []).append(frame.at)
+    for times in by_reply.values():
+        for before, after in itertools.pairwise(times):
+            paused = any(s < after and e > before - 0.5 for s, e in caller.voice_spans)
+            gaps += after - before > gap_s and not paused
+    return gaps
 
 
 def _playing_at(caller: VirtualCaller, instant: float) -> bool:
@@ -211,6 +229,7 @@ async def run_sessions(
         "interruptions_missed": sum(len(r["missed"]) for r in results),
         "interruptions_unplayed": sum(r["unplayed"] for r in results),
         "self_interruptions": sum(r["self_interruptions"] for r in results),
+        "audio_gaps": sum(r["audio_gaps"] for r in results),
         "loop_lag_p99_ms": round(float(np.percentile(lags, 99)), 1) if lags else None,
         "replies": sum(r["replies"] for r in results),
         "wall_s": round(time.perf_counter() - started, 1),
