@@ -157,7 +157,7 @@ typecheck: setup-test
 	$(VENV)/bin/mypy
 
 pytest: setup-test
-	$(VENV)/bin/pytest -ra
+	$(VENV)/bin/pytest -ra --durations=30
 
 clean-venv:
 	rm -rf $(VENV)
