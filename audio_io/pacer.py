@@ -7,9 +7,6 @@ accumulate: a late wake-up makes one frame late, and the next is due on the same
     queue:  [f0][f1][f2] ...              (filled by TTS, faster than real time)
     grid:   t0   t0+p  t0+2p  ...         (frames leave at these instants)
 
-The producer keeps only so much ahead of the clock: `until_queued_below` waits until
-the queued audio is shorter than it asks (a paused pacer, a held reply's, never drains).
-
 A run ends when the queue is empty at a frame's due time (an underrun) or falls more
 than ``max_lag`` behind; the next frame starts a new run at "now", so audio that
 arrives after a pause is not burst out to catch up. `clear` (barge-in) drops every
@@ -41,8 +38,6 @@ class Pacer:
         self._clock = clock
         self._queue: collections.deque[AudioFrame] = collections.deque()
         self._wakeup = asyncio.Event()
-        self._drained = asyncio.Event()  # a frame left, or the queue was cleared
-        self._queued_s = 0.0
         self._closed = False
         self._paused = False
         self._run_start: float | None = None
@@ -55,15 +50,12 @@ class Pacer:
         if self._closed:
             raise RuntimeError("put() on a closed Pacer")
         self._queue.append(frame)
-        self._queued_s += frame.duration
         self._wakeup.set()
 
     def clear(self) -> int:
         """Drop every queued frame now; returns how many were dropped."""
         dropped = len(self._queue)
         self._queue.clear()
-        self._queued_s = 0.0
-        self._drained.set()
         self.frames_dropped += dropped
         return dropped
 
@@ -85,19 +77,12 @@ class Pacer:
 
     @property
     def queued_seconds(self) -> float:
-        return self._queued_s if self._queue else 0.0
-
-    async def until_queued_below(self, seconds: float) -> None:
-        """Return once less than ``seconds`` of audio is queued (or the pacer is closed)."""
-        while self.queued_seconds >= seconds and not self._closed:
-            self._drained.clear()
-            await self._drained.wait()
+        return sum(f.duration for f in self._queue)
 
     def close(self) -> None:
         """End `frames()` after the frame in flight; idempotent."""
         self._closed = True
         self._wakeup.set()
-        self._drained.set()
 
     def _next_due(self, now: float) -> float:
         if self._run_start is not None:
@@ -125,8 +110,6 @@ class Pacer:
             if self._closed or not self._queue or self._paused:
                 continue  # cleared or paused while waiting: nothing of the old queue may leave
             frame = self._queue.popleft()
-            self._queued_s -= frame.duration
-            self._drained.set()
             self._run_index += 1
             self.frames_sent += 1
             yield replace(frame, playout_time=due)

@@ -43,11 +43,6 @@ from models.tts import TtsStream, WordMark
 
 log = logging.getLogger("duplex.reply")
 
-# Audio synthesized ahead of what has left before TTS is asked for more (`TtsStream`
-# then has the next phrase under way): a held reply makes this much, a cut one wasted
-# at most this much, and a long one leaves the TTS thread to other sessions' turns.
-SYNTHESIS_LEAD_S = 1.5
-
 
 class ReplyState(enum.Enum):
     HELD = "held"
@@ -197,7 +192,6 @@ class Reply:
                     self.times.first_audio = time.monotonic()
                 self._ledger.record_generated(self.id, item.num_samples)
                 self.pacer.put(item)
-                await self.pacer.until_queued_below(SYNTHESIS_LEAD_S)
         except Exception:  # a phrase that could not be synthesized: what is queued plays, then it ends
             log.exception("reply %s: synthesis failed", self.id)
             self._fail(SessionError("tts_error", "the reply's speech could not be synthesized"))

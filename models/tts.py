@@ -12,13 +12,6 @@ espeak-ng), with punctuation adding a pause's worth of weight. Phrases are short
 (a few words to one sentence), which bounds the error to a fraction of a word; the
 boundaries between phrases are exact.
 
-A stream hands the engine its phrases as they are needed, not as the text comes:
-`AHEAD` beyond the one its reader is on. The reader paces itself on playout
-(`duplex.reply`), so a long reply is synthesized a little ahead of what the caller
-hears, not to its end at once: the engine's one thread then serves the first phrases of
-other sessions' turns, and a reply cut after two seconds leaves no minute of audio
-synthesized for nobody.
-
 Loudness: piper normalizes each sentence to full scale by default, which would make
 loudness jump between phrases of a streamed reply; a fixed gain is used instead.
 """
@@ -26,7 +19,6 @@ loudness jump between phrases of a streamed reply; a fixed gain is used instead.
 from __future__ import annotations
 
 import asyncio
-import collections
 import itertools
 import json
 import logging
@@ -53,7 +45,6 @@ _WORD = re.compile(r"\S+")
 _STRESS = set("ˈˌ")
 _PAUSE_WEIGHT = {",": 2.0, ";": 3.0, ":": 3.0, ".": 4.0, "!": 4.0, "?": 4.0}
 FIXED_GAIN = 1.6  # raw VITS output of the bundled voice peaks near 0.5
-AHEAD = 1  # phrases a stream has with the engine beyond the one its reader is on
 
 
 @dataclass(frozen=True)
@@ -217,8 +208,6 @@ class TtsStream:
         self._loop = asyncio.get_running_loop()
         self._jobs: asyncio.Queue[tuple[Phrase, _Job] | None] = asyncio.Queue()
         self._all_jobs: list[_Job] = []
-        self._unsubmitted: collections.deque[tuple[Phrase, _Job]] = collections.deque()
-        self._ahead = 0  # jobs handed to the engine whose frames the reader has not all taken
         self._ended = False
         self.cancelled = False
 
@@ -258,16 +247,8 @@ class TtsStream:
         for phrase in phrases:
             job = _Job(phrase.text, self._loop)
             self._all_jobs.append(job)
-            self._unsubmitted.append((phrase, job))
-            self._jobs.put_nowait((phrase, job))
-        self._feed()
-
-    def _feed(self) -> None:
-        """Hand the engine phrases until it has `AHEAD` beyond the one the reader is on."""
-        while self._unsubmitted and self._ahead <= AHEAD:
-            phrase, job = self._unsubmitted.popleft()
             self.engine.submit(job, first=phrase.index == 0)
-            self._ahead += 1
+            self._jobs.put_nowait((phrase, job))
 
     async def frames(self) -> AsyncIterator[AudioFrame | WordMark]:
         """Marks of each phrase, then its frames; the last frame is zero-padded."""
@@ -294,8 +275,6 @@ class TtsStream:
             while carry.size >= n and not self.cancelled:
                 yield AudioFrame(carry[:n].copy(), self.engine.sample_rate)
                 carry = carry[n:]
-            self._ahead -= 1  # read: the next phrase (submitted before it) is the reader's
-            self._feed()
         if not self.cancelled and carry.size:
             yield AudioFrame(
                 np.concatenate([carry, np.zeros(n - carry.size, np.int16)]), self.engine.sample_rate

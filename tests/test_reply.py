@@ -260,24 +260,3 @@ async def test_stop_cancels_every_task_at_once_and_a_cut_drops_the_queued_audio(
     assert sink.sent() == sent  # nothing more left
     assert not host.finished.is_set() and not host.errors
     assert ledger.turn("resp_1").sent == sent < ledger.turn("resp_1").generated
-
-
-async def test_tts_is_asked_for_no_more_than_the_lead_ahead_of_what_left() -> None:
-    """A held reply (its audio waits) makes `SYNTHESIS_LEAD_S` of audio and no more until
-    it is released; then all of it plays."""
-    from duplex.reply import SYNTHESIS_LEAD_S
-
-    reply, sink, host, ledger = make(held=True, tts=Tts(frames=20))  # 0.4 s a phrase
-
-    async def abort() -> None:
-        pass
-
-    reply.start(words("One.", " Two.", " Three.", " Four.", " Five."), abort)
-    await asyncio.sleep(0.3)
-    lead = round(SYNTHESIS_LEAD_S * RATE)
-    assert ledger.turn("resp_1").generated == lead and sink.sent() == 0
-    reply.release()
-    async with asyncio.timeout(5):
-        await host.finished.wait()
-    assert ledger.turn("resp_1").generated == sink.sent() == 5 * 20 * FRAME
-    await reply.stop()

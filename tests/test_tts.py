@@ -137,31 +137,3 @@ def test_the_voice_sounds_as_piper_loads_it(tts_engine):
     theirs = np.concatenate([c.audio_float_array for c in piper.synthesize(FIRST, config)])
     ours = np.concatenate([c.audio_float_array for c in tts_engine.voice.synthesize(FIRST, config)])
     np.testing.assert_allclose(ours, theirs, atol=1e-4)
-
-
-async def test_a_stream_hands_the_engine_its_phrases_as_its_reader_needs_them(tts_engine, monkeypatch):
-    """`AHEAD` phrases beyond the one being read: an unread long reply costs the engine
-    two phrases, not all of them; read, it gives the same audio as synthesis at once."""
-    from models import tts as tts_module
-
-    text = "One fish. Two fish. Red fish. Blue fish. Old fish. New fish. "
-    handed: list[str] = []
-    submit = tts_engine.submit
-
-    def spy(job, first: bool) -> None:
-        handed.append(job.text)
-        submit(job, first)
-
-    monkeypatch.setattr(tts_engine, "submit", spy)
-    stream = tts_engine.stream()
-    stream.push_text(text)
-    stream.end_text()
-    await asyncio.sleep(0.5)  # nobody reads
-    assert len(handed) == 1 + tts_module.AHEAD
-    frames = [item async for item in stream.frames() if isinstance(item, AudioFrame)]
-    splitter = tts_module.PhraseSplitter()
-    assert handed == [p.text for p in splitter.push(text) + splitter.flush()]  # each once, in order
-    monkeypatch.setattr(tts_engine, "submit", submit)
-    _, whole = await collect(tts_engine, text, step=len(text))
-    streamed, at_once = (np.concatenate([f.samples for f in got]) for got in (frames, whole))
-    assert np.array_equal(streamed, at_once)
