@@ -150,8 +150,8 @@ def _audio_gaps(caller: VirtualCaller, gap_s: float = 0.1) -> int:
         by_reply.setdefault(frame.response_id, []).append(frame.at)
     for times in by_reply.values():
         for before, after in itertools.pairwise(times):
-            paused = any(s < after and e > before - 0.5 for s, e in caller.voice_spans)
-            gaps += after - before > gap_s and not paused
+            if after - before > gap_s:  # a voice up to 0.5 s before it may have paused the reply
+                gaps += not any(s < after and e > before - 0.5 for s, e in caller.voice_spans)
     return gaps
 
 

@@ -153,11 +153,16 @@ class VirtualCaller:
         speaking, or one that played out since (a reply they talked over and that then
         resumed). A reply their words cut ends after they stop too, but is not it."""
         since = self.speech_ends[-1] if self.speech_ends else 0.0
-        answers = {e.data["response_id"] for e in self.of_type(ev.RESPONSE_CREATED) if e.at > since}
-        return any(
-            e.at > since and (e.data["response_id"] in answers or e.data.get("status") == "completed")
-            for e in self.of_type(ev.RESPONSE_DONE)
-        )
+        answers: set[object] = set()
+        done: list[Event] = []
+        for e in self.events:  # one pass (a held reply's events come later than their time)
+            if e.at <= since:
+                continue
+            if e.type == ev.RESPONSE_CREATED:
+                answers.add(e.data["response_id"])
+            elif e.type == ev.RESPONSE_DONE:
+                done.append(e)
+        return any(e.data["response_id"] in answers or e.data.get("status") == "completed" for e in done)
 
     def _current_response(self) -> str | None:
         """The reply to the caller's last words (created after they stopped speaking)."""

@@ -213,3 +213,16 @@ def test_recorded_interruptions_are_cut_faded_and_as_loud_as_the_synthesized_one
     # without the wheels: the synthesized lines alone
     clips, lines = interrupting_lines(tts_engine, tmp_path / "absent")
     assert lines == list(SYNTHESIZED) and len(clips) == len(SYNTHESIZED)
+
+
+def test_an_audio_gap_counts_only_where_no_caller_voice_paused_the_reply():
+    from benchmarks.conversation import _audio_gaps
+    from duplex.caller import Received, VirtualCaller
+
+    caller = VirtualCaller()
+    times = [1.0 + 0.02 * k for k in range(50)]  # 1.0-1.98 s, then two silences of 0.3 s
+    times += [2.28 + 0.02 * k for k in range(50)] + [3.56 + 0.02 * k for k in range(10)]
+    caller.frames = [Received(t, "resp_1", 480) for t in times]
+    assert _audio_gaps(caller) == 2
+    caller.voice_spans = [(3.3, 3.5)]  # the caller spoke in the second: it paused the reply
+    assert _audio_gaps(caller) == 1
