@@ -14,7 +14,8 @@ of onset, in the bundled voice and in real people's), each session from another 
   said over a reply that cut nothing (``interruptions_unplayed``: lines said when no
   reply was playing, as when the reply to the story request was shorter than the wait).
 - ``truncation_exact_rate``: cut replies whose truncated text, in the event and in the
-  conversation, equals what the caller heard by its own count (half of a word played).
+  conversation, equals what the caller heard by its own count (half of a word played);
+  ``inexact_samples`` names the others (what was heard, what was kept).
 - ``audio_gaps``: silences of over 100 ms inside a reply that no caller voice paused
   (its audio ran out: TTS fell behind).
 - ``self_interruptions``: pauses or cuts of a reply that no caller voice came over (echo),
@@ -92,7 +93,7 @@ async def _session(
         await session.close()
     said = [k for k, label in enumerate(spoken) if label in by_label]  # the interrupting lines
     over_reply = [k for k in said if _playing_at(caller, caller.voice_spans[k][0])]
-    v2v, stops, exact, cuts, by_caller = [], [], 0, 0, 0
+    v2v, stops, exact, cuts, by_caller, inexact = [], [], 0, 0, 0, []
     created = caller.of_type(ev.RESPONSE_CREATED)
     samples = []
     for k, answer, heard_at, voice_end in replies_to_utterances(caller):
@@ -120,7 +121,12 @@ async def _session(
         marks = [(m.char_start, m.char_end, m.sample_start, m.sample_end) for m in turn.marks]
         truth = heard_by_marks(turn.text, marks, caller.played(rid))
         told = [m["content"] for m in session.conversation.messages() if m["role"] == "assistant"]
-        exact += truncated.data["transcript"] == truth and truth in told
+        if truncated.data["transcript"] == truth and truth in told:
+            exact += 1
+        else:
+            kept = truncated.data["transcript"]
+            sample = {"session": i, "response_id": rid, "heard": truth, "kept": kept}
+            inexact.append(sample | {"in_history": kept in told})
     return {
         "v2v_ms": v2v,
         "stops": stops,
@@ -133,6 +139,7 @@ async def _session(
         "bargein_samples": bargein,
         "cuts": cuts,
         "exact": exact,
+        "inexact": inexact,
         "self_interruptions": session.barge_ins + session.resumes + session.false_alarms - by_caller,
         "audio_gaps": _audio_gaps(caller),
         "replies": len(created),
@@ -237,6 +244,7 @@ async def run_sessions(
         "v2v_samples": [x for r in results for x in r["v2v_samples"]],
         "bargein_samples": [x for r in results for x in r["bargein_samples"]],
         "missed_samples": [x for r in results for x in r["missed"]],
+        "inexact_samples": [x for r in results for x in r["inexact"]],
         "end_of_turn": _end_of_turn(results),
     }
     cpu = process.cpu_times()

@@ -79,6 +79,7 @@ class Session(SessionPort):
         self._unreported: tuple[Reply, dict[str, float], TurnStats] | None = None
         self._interruption: Interruption | None = None
         self._score: tuple[int, float] | None = None  # (the VAD's pause, P(the turn is over) there)
+        self._pause_words: tuple[int, str] | None = None  # (the VAD's pause, the words before it)
         self._echo_utterance = False  # the utterance in progress is the assistant's echo
         self._utterance_start = 0  # stream position of the caller's speech start
         self._quick_holdoff = 0.0
@@ -414,12 +415,23 @@ class Session(SessionPort):
         task.add_done_callback(self._background.discard)
 
     async def _check_interruption(self) -> None:
-        """Judge a tentative interruption as soon as its words say it is one."""
+        """Judge a tentative interruption as soon as its words say it is one: the words
+        ASR committed while the caller speaks, all of them once a pause has them (under
+        load, a short line has none committed by then); a barge-in in a pause prepares
+        the turn there, as any pause does."""
         reply = self._reply
         if self._echo_utterance and self._listener and self._listener.speaking:
             await self._check_echo(self._playing())
-        if self._interruption is not None and reply is not None:
-            await self._judge(self._interruption, reply, ended=False)
+        pending = self._interruption
+        if pending is None or reply is None:
+            return
+        words = self._words_in_pause()
+        if words is not None:  # all of them, not only those two partial passes agreed on
+            pending.words = words
+        if await self._judge(pending, reply, ended=False) and words is not None:
+            assert self._listener is not None and self._listener.vad.pause is not None
+            prepare = self._prepare(self._listener.vad.pause, words, self._times)
+            self._own(asyncio.create_task(prepare, name=f"{self.id}-paused"))
 
     async def _judge(self, pending: Interruption, reply: Reply | None, ended: bool) -> bool:
         """Act on the verdict on an interruption's words (`turn_policy.judge_interruption`):
@@ -553,16 +565,10 @@ class Session(SessionPort):
 
     def _paused(self) -> None:
         """The caller paused: their words so far are transcribed at once (the pass that
-        will be the final if the turn ends here), the LLM says how likely the turn is over
-        after them (`_turn_over_by_meaning` acts on it), and the reply to them begins,
-        silently (held), to be released if the turn ends with these words."""
+        will be the final if the turn ends here). Over a reply whose interruption is still
+        being judged, those words judge it (`_check_interruption`); else `_prepare` acts on
+        them."""
         assert self._listener is not None
-        c = self.config
-        interrupting, replying = self._interruption is not None, self._reply is not None
-        speculate = policy.should_speculate(c.speculative_replies, c.answer_turns, interrupting, replying)
-        score = c.end_of_turn_by_meaning and not interrupting and not replying
-        if not (speculate or score):
-            return
         listener, times, pause = self._listener, self._times, self._listener.vad.pause
         if pause is None:
             return
@@ -573,14 +579,34 @@ class Session(SessionPort):
             times.final = time.monotonic()
             if not text or listener.vad.pause != pause:
                 return  # nothing heard, or the caller went on
-            if score:
-                p = await self._turn_score(text)
-                if p is not None and listener.vad.pause == pause:
-                    self._score, times.end_of_turn_score = (pause, p), p
-            if speculate and self._reply is None and listener.paused and listener.vad.pause == pause:
-                self._respond(text.strip(), times, held=True)
+            self._pause_words = (pause, text.strip())
+            if self._interruption is None:
+                await self._prepare(pause, text.strip(), times)
 
         self._own(asyncio.create_task(run(), name=f"{self.id}-paused"))
+
+    def _words_in_pause(self) -> str | None:
+        """All the words of the utterance so far, once the pause the caller is in has
+        them (its speculative final); None before, or outside a pause."""
+        listener, heard = self._listener, self._pause_words
+        if listener is None or heard is None or not listener.paused or listener.vad.pause != heard[0]:
+            return None
+        return heard[1]
+
+    async def _prepare(self, pause: int, text: str, times: TurnTimes) -> None:
+        """In a pause after ``text``: the LLM says how likely the turn is over after them
+        (`_turn_over_by_meaning` acts on it), and the reply to them begins, silently
+        (held), to be released if the turn ends with these words."""
+        assert self._listener is not None
+        c, listener = self.config, self._listener
+        interrupting, replying = self._interruption is not None, self._reply is not None
+        speculate = policy.should_speculate(c.speculative_replies, c.answer_turns, interrupting, replying)
+        if c.end_of_turn_by_meaning and not interrupting and not replying:
+            p = await self._turn_score(text)
+            if p is not None and listener.vad.pause == pause:
+                self._score, times.end_of_turn_score = (pause, p), p
+        if speculate and self._reply is None and listener.paused and listener.vad.pause == pause:
+            self._respond(text, times, held=True)
 
     async def _turn_score(self, words: str) -> float | None:
         try:

@@ -10,7 +10,7 @@ import pytest
 
 from audio_io.pcm import RUNTIME_RATE
 from duplex import events as ev
-from duplex.caller import Silence, Speak, UntilReplyDone, VirtualCaller
+from duplex.caller import Silence, Speak, Step, UntilHeard, UntilReplyDone, VirtualCaller
 from duplex.session import Session
 from duplex.session_config import SessionConfig
 from models.conversation import Conversation
@@ -78,6 +78,33 @@ async def test_a_finished_question_ends_its_turn_well_before_500_ms_of_silence(e
     )
     (metrics,) = caller.of_type(ev.METRICS)
     assert metrics.data["silence_waited_ms"] == 600 and "end_of_turn_score" not in metrics.data
+
+
+async def test_a_question_over_the_reply_is_judged_and_prepared_in_its_pause(engines, tts_engine):
+    """A question said over a story, whose words no partial pass committed before its
+    pause (as at 8 sessions, when ASR lags): the pause's speculative final judges it a
+    barge-in there, and the answer is scored and prepared in the same pause, so the turn
+    ends by meaning before the VAD's 500 ms of silence."""
+    caller = VirtualCaller()
+    session = Session(engines, caller, SessionConfig())
+    await session.start()
+    assert session._listener is not None
+    session._listener.asr.partial_interval = 60 * RUNTIME_RATE  # no partial pass at all
+    ask = speech(tts_engine, "Please tell me a long story about a brave little dragon.")
+    question = spoken(tts_engine, "What is the capital city of France?")
+    timeline: list[Step] = [Silence(0.3), Speak(ask), UntilHeard(1.5), Speak(question), Silence(0.1)]
+    try:
+        await caller.play(session, [*timeline, UntilReplyDone(timeout=30, after=0.3)])
+    finally:
+        await session.close()
+    first, second = caller.of_type(ev.RESPONSE_DONE)
+    assert first.data["status"] == "cancelled" and second.data["status"] == "completed"
+    assert session.barge_ins == 1
+    _, answer = caller.of_type(ev.METRICS)
+    assert answer.data.get("end_of_turn_score", 0) >= session.config.complete_turn_threshold, answer.data
+    assert answer.data["silence_waited_ms"] < session.config.end_of_turn_ms
+    assert "Paris" in "".join(e.data["delta"] for e in caller.of_type(ev.TEXT_DELTA))
+    nothing_played_before_the_turn_ended(caller)
 
 
 @pytest.mark.parametrize(
