@@ -125,8 +125,9 @@ async def _session(
             exact += 1
         else:
             kept = truncated.data["transcript"]
-            sample = {"session": i, "response_id": rid, "heard": truth, "kept": kept}
-            inexact.append(sample | {"in_history": kept in told})
+            inexact.append(
+                {"session": i, "response_id": rid, "heard": truth, "kept": kept, "in_history": kept in told}
+            )
     return {
         "v2v_ms": v2v,
         "stops": stops,

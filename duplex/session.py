@@ -425,12 +425,11 @@ class Session(SessionPort):
         pending = self._interruption
         if pending is None or reply is None:
             return
-        words = self._words_in_pause()
-        if words is not None:  # all of them, not only those two partial passes agreed on
-            pending.words = words
-        if await self._judge(pending, reply, ended=False) and words is not None:
-            assert self._listener is not None and self._listener.vad.pause is not None
-            prepare = self._prepare(self._listener.vad.pause, words, self._times)
+        heard = self._words_in_pause()
+        if heard is not None:  # all of them, not only those two partial passes agreed on
+            pending.words = heard[1]
+        if await self._judge(pending, reply, ended=False) and heard is not None:
+            prepare = self._prepare(*heard, self._times)
             self._own(asyncio.create_task(prepare, name=f"{self.id}-paused"))
 
     async def _judge(self, pending: Interruption, reply: Reply | None, ended: bool) -> bool:
@@ -581,17 +580,17 @@ class Session(SessionPort):
                 return  # nothing heard, or the caller went on
             self._pause_words = (pause, text.strip())
             if self._interruption is None:
-                await self._prepare(pause, text.strip(), times)
+                await self._prepare(*self._pause_words, times)
 
         self._own(asyncio.create_task(run(), name=f"{self.id}-paused"))
 
-    def _words_in_pause(self) -> str | None:
-        """All the words of the utterance so far, once the pause the caller is in has
-        them (its speculative final); None before, or outside a pause."""
+    def _words_in_pause(self) -> tuple[int, str] | None:
+        """The pause the caller is in and all the words of the utterance before it, once
+        its speculative final has them; None before, or outside a pause."""
         listener, heard = self._listener, self._pause_words
         if listener is None or heard is None or not listener.paused or listener.vad.pause != heard[0]:
             return None
-        return heard[1]
+        return heard
 
     async def _prepare(self, pause: int, text: str, times: TurnTimes) -> None:
         """In a pause after ``text``: the LLM says how likely the turn is over after them
