@@ -77,7 +77,9 @@ class UntilReplyDone:
 
 @dataclass(frozen=True)
 class UntilHeard:
-    """Silence until `seconds` of the current reply's audio have arrived (to interrupt there)."""
+    """Silence until `seconds` of the current reply's audio have arrived (to interrupt
+    there), or until that reply ended shorter: the caller then goes on, as a person
+    would, instead of waiting out the timeout in silence."""
 
     seconds: float
     timeout: float = 30.0
@@ -164,6 +166,10 @@ class VirtualCaller:
                 done.append(e)
         return any(e.data["response_id"] in answers or e.data.get("status") == "completed" for e in done)
 
+    def _ended(self, response_id: str) -> bool:
+        """Whether that reply's audio has ended (played out or cut)."""
+        return any(ended == response_id for ended, _ in self.ended)
+
     def _current_response(self) -> str | None:
         """The reply to the caller's last words (created after they stopped speaking)."""
         since = self.speech_ends[-1] if self.speech_ends else 0.0
@@ -202,7 +208,9 @@ class VirtualCaller:
                     chunk = np.zeros(0, np.int16)
                 else:
                     current = self._current_response()
-                    if (current and self.heard_s(current) >= step.seconds) or time.monotonic() > deadline:
+                    if current and (self.heard_s(current) >= step.seconds or self._ended(current)):
+                        break
+                    if time.monotonic() > deadline:
                         break
                     chunk = np.zeros(0, np.int16)
                 frame = np.zeros(FRAME, np.float32)
