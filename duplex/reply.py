@@ -199,8 +199,11 @@ class Reply:
             self.tasks[0].cancel()  # no more words: they would never be heard
             if self._abort is not None:
                 await self._abort()
-        else:  # every word of the text has its audio (a failed reply's text runs past it)
-            self._ledger.finish_turn(self.id)
+        else:  # every word of the text has its audio (a failed reply's text runs past it),
+            # unless a cut ended the stream: then the text runs past the audio too, and
+            # a turn counted complete would be heard whole once its audio had played
+            if not self.tts.cancelled:
+                self._ledger.finish_turn(self.id)
         self.synthesized = True
         if self.pacer.queued_frames == 0:
             self.pacer.close()

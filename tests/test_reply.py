@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import AsyncIterator
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -260,3 +260,24 @@ async def test_stop_cancels_every_task_at_once_and_a_cut_drops_the_queued_audio(
     assert sink.sent() == sent  # nothing more left
     assert not host.finished.is_set() and not host.errors
     assert ledger.turn("resp_1").sent == sent < ledger.turn("resp_1").generated
+
+
+async def test_a_reply_cut_while_its_first_phrase_is_synthesized_was_heard_as_nothing(tts_engine) -> None:
+    """With the real TTS stream: a cut while the first phrase is still being synthesized
+    leaves the turn incomplete, so the ledger says nothing was heard (a cancelled
+    stream had counted as one that synthesized all its text, and the cut kept the words
+    generated so far, "The answer to the", as heard: the bench's inexact truncations)."""
+    tts = tts_engine.stream()
+    reply, sink, _, ledger = make(tts=cast(Any, tts))
+    reply.start(words("The answer to the question is simple, and here it is."), _nothing)
+    turn = ledger.turn("resp_1")
+    while not turn.text:  # noqa: ASYNC110 (nothing to await)
+        await asyncio.sleep(0.001)
+    assert not sink.sent()  # its first phrase is still being synthesized
+    await reply.stop(cut=True)
+    ledger.discard_unsent("resp_1")
+    assert not turn.complete and ledger.heard_text("resp_1") == ""
+
+
+async def _nothing() -> None:
+    pass
