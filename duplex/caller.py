@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -25,9 +26,14 @@ from audio_io.pcm import RUNTIME_RATE
 from audio_io.resample import Resampler
 from duplex import events as ev
 from duplex.events import Event
-from duplex.transports.port import SessionPort
 
 FRAME = RUNTIME_RATE // 50  # 20 ms
+
+
+class Microphone(Protocol):
+    """Where the caller's microphone goes: a session (`SessionPort`) or a test's stand-in."""
+
+    def push_audio(self, frame: AudioFrame) -> None: ...
 
 
 def frame_power(samples: npt.NDArray[np.int16]) -> npt.NDArray[np.float64]:
@@ -176,7 +182,7 @@ class VirtualCaller:
         created = [e for e in self.of_type(ev.RESPONSE_CREATED) if e.at > since]
         return str(created[-1].data["response_id"]) if created else None
 
-    async def play(self, session: SessionPort, timeline: list[Step], rate: int = RUNTIME_RATE) -> None:
+    async def play(self, session: Microphone, timeline: list[Step], rate: int = RUNTIME_RATE) -> None:
         """Play the timeline into the session in real time (`rate`: the mic's rate)."""
         self._start = time.monotonic()
         self._echo, self._echo_base, self._mic_position = np.zeros(0, np.float32), 0, 0
