@@ -54,7 +54,8 @@ VOICE_TO_VOICE = Histogram(
 )
 TURN_STEP = Histogram(
     "duplex_turn_step_seconds",
-    "one step of a turn: endpoint, asr_final, llm_first_token, first_phrase, tts_first_audio, send",
+    "one step of a turn: endpoint, asr_final, llm_first_token, first_phrase, tts_first_audio, send; "
+    "and silence_waited, end_of_turn_score (the final to the LLM's judgement, in llm_first_token)",
     ["step"],
     buckets=_LATENCY,
 )

@@ -604,6 +604,7 @@ class Session(SessionPort):
             p = await self._turn_score(text)
             if p is not None and listener.vad.pause == pause:
                 self._score, times.end_of_turn_score = (pause, p), p
+                times.scored = time.monotonic()
         if speculate and self._reply is None and listener.paused and listener.vad.pause == pause:
             self._respond(text, times, held=True)
 

@@ -17,6 +17,7 @@ class TurnTimes:
     speech_end: float | None = None  # when the caller's last voiced sample arrived
     stopped: float | None = None  # the VAD declared the end of the turn
     final: float | None = None  # ASR's final text
+    scored: float | None = None  # the LLM judged how likely the turn is over after it
     first_token: float | None = None
     first_phrase: float | None = None  # the first phrase's text is complete
     first_audio: float | None = None  # TTS produced the first frame
@@ -32,6 +33,7 @@ class TurnTimes:
             "silence_waited_ms": None if self.silence_ms is None else round(self.silence_ms, 1),
             "endpoint_ms": ms(self.speech_end, self.stopped),
             "asr_final_ms": ms(self.stopped, self.final),
+            "end_of_turn_score_ms": ms(self.final, self.scored),
             "llm_first_token_ms": ms(self.final, self.first_token),
             "first_phrase_ms": ms(self.first_token, self.first_phrase),
             "tts_first_audio_ms": ms(self.first_phrase, self.first_audio),

@@ -70,6 +70,8 @@ async def test_a_finished_question_ends_its_turn_well_before_500_ms_of_silence(e
     # much sooner than 500 ms is measured by `duplex bench endpoint`, not asserted on a
     # loaded machine (a full suite once waited 400 ms for the pause's ASR pass and score)
     assert config.complete_turn_ms <= metrics.data["silence_waited_ms"] < 500
+    # the reply prepared in the pause began once the LLM had judged the words
+    assert 0 <= metrics.data["end_of_turn_score_ms"] <= metrics.data["llm_first_token_ms"], metrics.data
     assert "Paris" in "".join(e.data["delta"] for e in caller.of_type(ev.TEXT_DELTA))
     nothing_played_before_the_turn_ended(caller)
     # and with it off, the same question waits for the whole silence
