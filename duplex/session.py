@@ -571,7 +571,7 @@ class Session(SessionPort):
         listener, times, pause = self._listener, self._times, self._listener.vad.pause
         if pause is None:
             return
-        times.end_of_turn_score = None  # an earlier pause's, which the caller talked through
+        times.end_of_turn_score = times.scored = None  # an earlier pause's, which the caller talked through
 
         async def run() -> None:
             text = await listener.asr.speculative()
