@@ -90,6 +90,18 @@ def engines(vad_engine, asr_engine, tts_engine, llm_engine):
     return Engines(vad_engine, asr_engine, tts_engine, llm_engine)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def frozen_heap():
+    """What a module's server starts with, as the service's would after start-up: every
+    object alive then (the session's engines included: pytest sets up session fixtures
+    first) frozen (`duplex.engines.freeze_heap`). Without it, the ~670,000
+    objects the test session holds stalled the loop ~400 ms in each full collection,
+    which the hostile suites' loop-lag limit caught."""
+    from duplex.engines import freeze_heap
+
+    freeze_heap()
+
+
 def speech(tts_engine, text: str):
     """``text`` spoken by the bundled voice, at the runtime's 16 kHz."""
     from audio_io.pcm import RUNTIME_RATE

@@ -139,6 +139,7 @@ def test_serve_becomes_ready_and_stops_cleanly_on_sigterm(offline_env):
         server.output()
     assert "listening" in output and "stopped" in output
     assert "engine ready" in output
+    assert "heap frozen" in output  # after loading, so that no full collection walks the engines
 
 
 def test_sigterm_during_model_preparation_stops_within_5s_leaving_no_child(tmp_path: Path, offline_env):

@@ -212,7 +212,7 @@ async def test_offers_over_the_limits_or_without_opus_are_refused_before_aiortc_
 async def endpoint(engines):
     set_host_addresses(["127.0.0.1"])  # loopback only, both peers (aioice is process-wide)
     config = Config(
-        webrtc_host_addresses="127.0.0.1", max_sessions=8, webrtc_connect_timeout_s=5, slow_reader_timeout_s=2
+        webrtc_host_addresses="127.0.0.1", max_sessions=8, webrtc_connect_timeout_s=5, slow_reader_timeout_s=5
     )
     sessions = Sessions(config.max_sessions, config.session_idle_timeout_s)
     sessions.attach(engines)
@@ -449,9 +449,13 @@ def deaf_to_data(browser: Browser) -> None:
 async def test_a_browser_that_takes_no_events_is_closed_as_a_slow_reader(endpoint):
     """Issue 20: events wait in aiortc's data channel queue, which has no bound, until
     the browser acknowledges them. A peer that acknowledges none while its audio flows
-    is closed with ``slow_reader`` after ``slow_reader_timeout_s`` (2 s here); one whose
+    is closed with ``slow_reader`` after ``slow_reader_timeout_s`` (5 s here); one whose
     events pile up past `MAX_BUFFERED_BYTES` (each bad control message here echoes
-    ~60 KB back in its error) has the rest dropped and is closed at its next check."""
+    ~60 KB back in its error) has the rest dropped and is closed at its next check.
+
+    The flood must pass the bound before the timeout: aiortc's SCTP carries the flood's
+    messages up at ~0.5 MB/s here (Intel Xeon, 2 cores), so 1 MiB of echoes takes ~2 s,
+    and with a 2 s timeout the peer was closed as stalled first, now and then."""
     base, webrtc, sessions = endpoint
     slow, flooded = await connected(base), await connected(base)
     try:
