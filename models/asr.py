@@ -444,10 +444,13 @@ class AsrStream:
 
     def push(self, samples: npt.NDArray[np.int16], partial: bool = True) -> None:
         """More of the utterance. ``partial`` False: no partial pass starts now (the
-        caller is in a pause, whose speculative final has the words; one due starts
-        as soon as the voice resumes). A partial pass over the pause would hear only
-        silence, and take a core from the reply being prepared: at one session it ran
-        beside the turn's score, the reply's first tokens and its first phrase's TTS."""
+        caller's voice has stopped: the pause's speculative final will have the words;
+        one due starts as soon as the voice resumes). A partial pass over the pause
+        would hear only silence, and take a core from the reply being prepared: at one
+        session it ran beside the turn's score, the reply's first tokens and its first
+        phrase's TTS. One started in the silence before the pause is announced covers
+        too little of it to serve as the final (`COVER`), and the final queued behind
+        it waited a whole pass."""
         if samples.dtype != np.int16:
             raise TypeError(f"ASR takes int16 samples at 16 kHz, got {samples.dtype}")
         if not self._active:

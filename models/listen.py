@@ -99,8 +99,8 @@ class Listener:
             )
         self._history = np.concatenate([self._history, samples])[-HISTORY:]
         self._end += samples.size
-        if self.speaking:
-            self.asr.push(samples, partial=not self.paused)
+        if self.speaking:  # no partial pass starts once the silence has begun (see `AsrStream.push`)
+            self.asr.push(samples, partial=self.vad.pause is None)
         events: list[ListenEvent] = []
         for event in await self.vad.push(samples):
             if event.kind is VadEventKind.SPEECH_START:

@@ -294,3 +294,24 @@ async def test_no_partial_pass_starts_in_a_pause_and_one_due_starts_when_the_voi
     asr.push(audio[16000:16320])  # the voice resumes
     assert asr._partial is not None and asr._partial.end == 16320
     asr.cancel()
+
+
+async def test_no_partial_pass_starts_once_the_voice_has_stopped(vad_engine, asr_engine, speech_set):
+    """A listener starts no partial pass once the VAD hears silence, before the pause is
+    announced too: one started there covers too little past the words to be the final,
+    and the final waited behind it. Partial passes run while the voice goes on."""
+    listener = Listener(vad_engine, asr_engine, partial_interval_ms=200)
+    audio = np.concatenate([speech_set[0].audio, np.zeros(16000, np.int16)])
+    during_voice = in_silence = 0
+    try:
+        for i in range(0, audio.size, 320):
+            silent, before = listener.speaking and listener.vad.pause is not None, listener.asr._partial
+            await listener.push(audio[i : i + 320])
+            started = listener.asr._partial is not None and listener.asr._partial is not before
+            during_voice += started and not silent
+            in_silence += started and silent
+            await listener.asr.idle()  # lockstep: each pass done before the next audio
+    finally:
+        listener.close()
+    assert during_voice >= 3  # ~2 s of voice, a pass every 200 ms of it
+    assert in_silence == 0
