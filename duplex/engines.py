@@ -35,8 +35,8 @@ from models.vad import VadEngine
 log = logging.getLogger("duplex.engines")
 
 
-def freeze_heap() -> int:
-    """Collect, then freeze (`gc.freeze`) every object alive now; the number frozen.
+def freeze_heap() -> None:
+    """Collect, then freeze (`gc.freeze`) every object alive now (the count is logged).
 
     With the engines loaded a process tracks ~670,000 objects (torch, vLLM, the
     tokenizer, the transports' libraries), and a full collection walks them all with
@@ -47,10 +47,8 @@ def freeze_heap() -> int:
     began = time.perf_counter()
     gc.collect()
     gc.freeze()
-    frozen = gc.get_freeze_count()
     took_ms = round((time.perf_counter() - began) * 1000, 1)
-    log.info("heap frozen", extra={"fields": {"objects": frozen, "collect_ms": took_ms}})
-    return frozen
+    log.info("heap frozen", extra={"fields": {"objects": gc.get_freeze_count(), "collect_ms": took_ms}})
 
 
 @dataclass(frozen=True)

@@ -305,9 +305,9 @@ async def test_no_partial_pass_starts_once_the_voice_has_stopped(vad_engine, asr
     during_voice = in_silence = 0
     try:
         for i in range(0, audio.size, 320):
-            silent, before = listener.speaking and listener.vad.pause is not None, listener.asr._partial
+            silent = listener.speaking and listener.vad.pause is not None
             await listener.push(audio[i : i + 320])
-            started = listener.asr._partial is not None and listener.asr._partial is not before
+            started = listener.asr._partial is not None  # none was pending: the last push waited for it
             during_voice += started and not silent
             in_silence += started and silent
             await listener.asr.idle()  # lockstep: each pass done before the next audio
