@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 import pytest_asyncio
 from google.protobuf.message import DecodeError
+from grpc._cython.cygrpc import ExecuteBatchError
+from grpc.aio import AbortError
 
 from audio_io._proto import duplex_pb2 as pb
 from audio_io._proto import duplex_pb2_grpc as pb_grpc
@@ -22,6 +24,7 @@ from duplex.config import Config
 from duplex.grpc_client import Conversation, DuplexClient
 from duplex.sessions import Sessions
 from duplex.transports.grpc_server import GrpcListener
+from duplex.transports.grpc_stream import StreamEnd, _send_status
 from models.speech_set import wer
 from tests.conftest import REPO, duplex_command, speech
 from tests.hostile import run_cases, until
@@ -567,3 +570,33 @@ async def test_hostile_clients_get_a_status_and_a_neighbour_conversation_goes_on
     assert not [t for t in asyncio.all_tasks() if "grpc" in t.get_name()]
     failures = [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
     assert not failures, [r.getMessage() for r in failures]
+
+
+class _Context:
+    """A servicer context whose status send does what ``abort`` is given: raises grpc's
+    own `AbortError` (sent), fails as a send to a client gone away does, or hangs."""
+
+    def __init__(self, abort: str) -> None:
+        self.how = abort
+
+    async def abort(self, code: grpc.StatusCode, details: str) -> None:
+        if self.how == "sent":
+            raise AbortError("Locally aborted.")
+        if self.how == "failed":
+            raise ExecuteBatchError('Failed "execute_batch": (SendStatusFromServerOperation,)')
+        await asyncio.sleep(3600)
+
+
+@pytest.mark.asyncio
+async def test_a_status_that_cannot_be_sent_ends_the_call_as_a_cancellation():
+    """The status after a slow reader races the client's going away: a send that fails
+    before grpc has marked the call closed raised grpc's ExecuteBatchError, which grpc
+    logs as an ERROR with a traceback (CI, the hostile suite). It ends the call as the
+    cancellation grpc raises once it knows; so does a status not taken in time (a return
+    with the abort not raised is also logged as an ERROR). A sent status is grpc's."""
+    end = StreamEnd(grpc.StatusCode.RESOURCE_EXHAUSTED, "slow_reader: the client read nothing for 5 s")
+    with pytest.raises(AbortError):
+        await _send_status(_Context("sent"), end, 1.0)
+    for how in ("failed", "hangs"):
+        with pytest.raises(asyncio.CancelledError):
+            await _send_status(_Context(how), end, 0.05)

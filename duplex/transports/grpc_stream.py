@@ -35,6 +35,7 @@ from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
+from grpc._cython.cygrpc import ExecuteBatchError  # grpc's "a send to this call failed"
 from prometheus_client import Counter
 
 from audio_io._proto import duplex_pb2 as pb
@@ -150,6 +151,30 @@ def half_closed(reader: asyncio.Task[None]) -> bool:
     return reader.done() and not reader.cancelled() and reader.exception() is None
 
 
+async def _send_status(context: grpc.aio.ServicerContext, end: StreamEnd, wait_s: float) -> None:
+    """End the call with ``end``'s status (grpc's abort, which raises for grpc). The
+    status goes out after all the client has not read: it is sent, but a client that
+    reads nothing is not waited for more than ``wait_s`` (it gets it if it reads
+    again); then, as when the send fails, the call is over with nobody left to tell."""
+    try:
+        await asyncio.wait_for(context.abort(end.code, str(end)), wait_s)
+    except TimeoutError:
+        raise asyncio.CancelledError(f"the status was not taken within {wait_s:g} s") from None
+    except ExecuteBatchError as e:
+        _raise_as_grpc_would(e)
+
+
+def _raise_as_grpc_would(error: BaseException) -> None:
+    """Raise a writer's or a status's failure for grpc to handle. A send that failed
+    because the client is gone, before grpc has marked the call closed (the client's
+    RST_STREAM and the failed send race), is the cancellation grpc raises once it has:
+    the call is over and nobody is left to tell. Left as it is, grpc logs it as an
+    ERROR with a traceback."""
+    if isinstance(error, ExecuteBatchError):
+        raise asyncio.CancelledError(f"the client is gone: {error}") from None
+    raise error  # grpc's own (the server stopping, ...), for grpc to handle
+
+
 class DuplexService(pb_grpc.DuplexServicer):
     def __init__(self, sessions: Sessions, handshake_timeout_s: float, slow_reader_timeout_s: float) -> None:
         self.sessions = sessions
@@ -201,14 +226,11 @@ class DuplexService(pb_grpc.DuplexServicer):
                 grpc.StatusCode.RESOURCE_EXHAUSTED, f"slow_reader: the client read nothing for {wait_s:g} s"
             )
         elif (error := writer.exception()) is not None:
-            raise error  # grpc's own (the server stopping, ...), for grpc to handle
+            _raise_as_grpc_would(error)
         else:
             end = stream.end
         if end is not None:
-            # the status goes out after all the client has not read: it is sent, but a
-            # client that reads nothing is not waited for (it gets it if it reads again)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(context.abort(end.code, str(end)), wait_s)
+            await _send_status(context, end, wait_s)
 
     async def _configure(
         self, requests: AsyncIterator[pb.ClientEvent]
