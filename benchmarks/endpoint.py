@@ -2,8 +2,9 @@
 
 A policy ends the caller's turn after ``end_of_turn_ms`` of silence, or after
 ``complete_turn_ms`` when the LLM judges the words so far a finished turn (its
-probability of the end of the user's message there at least ``threshold``; see
-`duplex.turn_policy.turn_is_over`). Silence alone is the policy with no threshold.
+probability of the end of the user's message there at least ``threshold``), or after
+``unfinished_turn_ms`` when it judges them unfinished (under ``unfinished_threshold``;
+see `duplex.turn_policy.silence_to_end`). Silence alone is the policy with no threshold.
 
 Two turn sets, each turn's audio heard by a real `Listener` (VAD and streaming ASR) and
 every pause in it scored by the real LLM, as a session does (the words ASR has at the
@@ -16,7 +17,9 @@ pause, `Conversation.end_of_turn`):
 
 For each policy and set: ``split_rate``, the turns it would end early, at a pause
 inside them (a pause counts if it lasted long enough, however long the LLM took: an
-upper bound); ``silence_waited_ms``, the silence it waits at the turn's real end. And
+upper bound; but the longer wait after unfinished words counts as if the score were
+always in by ``end_of_turn_ms``, as it is at one session: a session with no score yet
+ends the turn then); ``silence_waited_ms``, the silence it waits at the turn's real end. And
 ``v2v_ms``: voice-to-voice with that policy in one real-time session of ``turns``
 questions (echo on), as ``duplex bench conversation``, with its turns' own silence
 waited (``session_silence_waited_ms``, which counts the time the ASR and the LLM took).
@@ -39,7 +42,6 @@ from benchmarks.conversation import clips_for, run_sessions, with_engines
 from duplex.config import Config
 from duplex.engines import Engines
 from duplex.session_config import SessionConfig
-from duplex.turn_policy import turn_is_over
 from models.conversation import Conversation
 from models.listen import Listener, ListenEventKind
 from models.speech_set import SENTENCES
@@ -70,28 +72,25 @@ class Policy:
     end_of_turn_ms: int
     complete_turn_ms: int | None = None  # None: silence alone
     threshold: float = 0.0
+    unfinished_turn_ms: int | None = None  # None: no longer wait after unfinished words
+    unfinished_threshold: float = 0.0
 
     @property
     def name(self) -> str:
         if self.complete_turn_ms is None:
             return f"silence {self.end_of_turn_ms}"
-        return f"meaning {self.complete_turn_ms}/{self.threshold:g} else {self.end_of_turn_ms}"
+        name = f"meaning {self.complete_turn_ms}/{self.threshold:g} else {self.end_of_turn_ms}"
+        if self.unfinished_turn_ms is not None:
+            name += f", under {self.unfinished_threshold:g} {self.unfinished_turn_ms}"
+        return name
 
     def ends(self, silence_ms: float, score: float | None) -> bool:
         """Would a pause this long, after words scored so, end the turn?"""
-        if silence_ms >= self.end_of_turn_ms:
-            return True
-        return self.complete_turn_ms is not None and turn_is_over(
-            score, silence_ms, self.complete_turn_ms, self.threshold
-        )
+        return silence_ms >= self.waited_ms(score)
 
     def waited_ms(self, score: float | None) -> float:
         """The silence it waits at the end of a turn whose words are scored so."""
-        if self.complete_turn_ms is not None and turn_is_over(
-            score, self.end_of_turn_ms, self.complete_turn_ms, self.threshold
-        ):
-            return float(self.complete_turn_ms)
-        return float(self.end_of_turn_ms)
+        return float(self.session_config().silence_to_end(score))
 
     def session_config(self) -> SessionConfig:
         if self.complete_turn_ms is None:
@@ -100,17 +99,29 @@ class Policy:
             end_of_turn_ms=self.end_of_turn_ms,
             complete_turn_ms=self.complete_turn_ms,
             complete_turn_threshold=self.threshold,
+            unfinished_turn_ms=self.unfinished_turn_ms or self.end_of_turn_ms,
+            unfinished_turn_threshold=self.unfinished_threshold,
         )
 
 
+_DEFAULTS = SessionConfig()
+DEFAULT = Policy(
+    _DEFAULTS.end_of_turn_ms,
+    _DEFAULTS.complete_turn_ms,
+    _DEFAULTS.complete_turn_threshold,
+    _DEFAULTS.unfinished_turn_ms,
+    _DEFAULTS.unfinished_turn_threshold,
+)
 POLICIES = (
     Policy(300),
     Policy(500),
     Policy(800),
     *(Policy(500, ms, p) for ms in (200, 250, 300, 350) for p in (0.1, 0.2, 0.3, 0.5)),
     Policy(800, 300, 0.2),
+    *(Policy(500, 300, 0.3, ms, p) for ms in (700, 800) for p in (0.01, 0.02, 0.05)),
 )
-TIMED = (Policy(500), Policy(500, 200, 0.3), Policy(500, 300, 0.3))  # the last: the defaults
+assert DEFAULT in POLICIES, "the defaults are among the policies measured"
+TIMED = (Policy(500), Policy(500, 300, 0.3), DEFAULT)  # silence alone, meaning alone, the defaults
 
 
 @dataclass(frozen=True)

@@ -271,7 +271,7 @@ class Session(SessionPort):
             try:
                 for event in await self._listener.push(samples):
                     await self._on_listen(event)
-                if self._turn_over_by_meaning():
+                if self._turn_over():
                     self._times.silence_ms = self._listener.silence_ms
                     for event in await self._listener.end_turn():
                         await self._on_listen(event)
@@ -334,8 +334,8 @@ class Session(SessionPort):
         elif kind is ListenEventKind.SPEECH_STOPPED:
             self._times.speech_end = self._inbound.arrival(event.position)
             self._times.stopped = event.at
-            if self._times.silence_ms is None:  # the VAD's whole silence
-                self._times.silence_ms = float(self.config.end_of_turn_ms)
+            if self._times.silence_ms is None and self._listener is not None:  # the VAD's whole silence
+                self._times.silence_ms = float(self._listener.vad.config.min_silence_ms)
             if self._interruption is None:
                 self._emit(ev.SPEECH_STOPPED, item_id=self._user_item, audio_end_ms=event.position // 16)
             else:  # told if it turns out to be a barge-in (`_barge_in`)
@@ -594,7 +594,7 @@ class Session(SessionPort):
 
     async def _prepare(self, pause: int, text: str, times: TurnTimes) -> None:
         """In a pause after ``text``: the LLM says how likely the turn is over after them
-        (`_turn_over_by_meaning` acts on it), and the reply to them begins, silently
+        (`_turn_over` acts on it), and the reply to them begins, silently
         (held), to be released if the turn ends with these words."""
         assert self._listener is not None
         c, listener = self.config, self._listener
@@ -614,16 +614,20 @@ class Session(SessionPort):
         except LlmError:  # the LLM is out: silence alone ends the turn
             return None
 
-    def _turn_over_by_meaning(self) -> bool:
-        """In a pause after words the LLM judged a finished turn, long enough for it?"""
-        listener, score = self._listener, self._score
-        if listener is None or score is None or not listener.paused or listener.vad.pause != score[0]:
+    def _turn_over(self) -> bool:
+        """In a pause long enough to end the caller's turn, by the rules for the words
+        before it (`SessionConfig.silence_to_end`)? Words over a reply, or its echo, and
+        words not judged yet end it after ``end_of_turn_ms``. The VAD ends the utterance
+        itself after the longest silence the rules may wait (or ``end_of_turn_ms``, with
+        silence alone): a turn that must wait that long is left to it."""
+        listener, judged = self._listener, self._score
+        if listener is None or not listener.paused or not self.config.end_of_turn_by_meaning:
             return False
-        if self._interruption is not None or self._echo_utterance or not self.config.end_of_turn_by_meaning:
-            return False
-        c = self.config
-        silence = listener.silence_ms
-        return policy.turn_is_over(score[1], silence, c.complete_turn_ms, c.complete_turn_threshold)
+        score = None
+        if judged is not None and judged[0] == listener.vad.pause:
+            score = judged[1] if self._interruption is None and not self._echo_utterance else None
+        needed = self.config.silence_to_end(score)
+        return needed < listener.vad.config.min_silence_ms and listener.silence_ms >= needed
 
     async def _stop_reply(self) -> None:
         """Whatever reply is in progress ends: cut if it was heard, dropped if held back."""

@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, ClassVar
 
 from audio_io.pcm import RUNTIME_RATE
+from duplex import turn_policy as policy
 from duplex.events import SessionError
 
 if TYPE_CHECKING:
@@ -36,12 +37,16 @@ class SessionConfig:
     input_rate: int = RUNTIME_RATE
     input_channels: int = 1
     system_prompt: str | None = None
-    end_of_turn_ms: int = 500  # VAD silence that ends the caller's turn (duplex bench endpoint)
-    # ... or this much, after words the LLM judges a finished turn (`turn_policy.turn_is_over`;
-    # both chosen with duplex bench endpoint: shorter splits more two-sentence turns, and
+    end_of_turn_ms: int = 500  # silence that ends the caller's turn (duplex bench endpoint)
+    # ... or this much, after words the LLM judges a finished turn (`turn_policy.silence_to_end`;
+    # all chosen with duplex bench endpoint: shorter splits more two-sentence turns, and
     # the reply is not ready sooner on 2 cores)
     complete_turn_ms: int = 300
     complete_turn_threshold: float = 0.3  # the LLM's probability that the user's message ends there
+    # ... or this much, after words it judges unfinished ("so the thing is,": a probability
+    # under the threshold; a statement's real end scores 0.002-0.04, its pauses as low)
+    unfinished_turn_ms: int = 800
+    unfinished_turn_threshold: float = 0.02
     end_of_turn_by_meaning: bool = True  # false: silence alone (end_of_turn_ms) ends the turn
     resume_false_interruptions: bool = True  # speech over the reply with no words resumes it
     echo_suppression_db: float = 12.0
@@ -63,6 +68,8 @@ class SessionConfig:
         "end_of_turn_ms",
         "complete_turn_ms",
         "complete_turn_threshold",
+        "unfinished_turn_ms",
+        "unfinished_turn_threshold",
         "end_of_turn_by_meaning",
         "resume_false_interruptions",
         "speculative_replies",
@@ -84,6 +91,7 @@ class SessionConfig:
         for key, low, high in (
             ("end_of_turn_ms", 200, 5000),
             ("complete_turn_ms", 100, 5000),
+            ("unfinished_turn_ms", 200, 5000),
             ("barge_in_min_speech_ms", 20, 1000),
             ("speech_prefix_ms", 0, 2000),
         ):
@@ -99,9 +107,10 @@ class SessionConfig:
             or not 0.2 <= threshold <= 0.95
         ):
             raise SessionError("bad_config", "vad_threshold must be a number from 0.2 to 0.95")
-        score = self.complete_turn_threshold
-        if isinstance(score, bool) or not isinstance(score, int | float) or not 0 <= score <= 1:
-            raise SessionError("bad_config", "complete_turn_threshold must be a number from 0 to 1")
+        for key in ("complete_turn_threshold", "unfinished_turn_threshold"):
+            score = getattr(self, key)
+            if isinstance(score, bool) or not isinstance(score, int | float) or not 0 <= score <= 1:
+                raise SessionError("bad_config", f"{key} must be a number from 0 to 1")
         for key in (
             "resume_false_interruptions",
             "end_of_turn_by_meaning",
@@ -123,14 +132,33 @@ class SessionConfig:
             raise SessionError("bad_config", f"cannot change {unknown} (can: {list(self.RUNTIME_KEYS)})")
         return replace(self, **changes)  # type: ignore[arg-type]
 
+    def silence_to_end(self, score: float | None) -> int:
+        """The silence that ends the caller's turn after words the LLM gave ``score``
+        (None: not judged), by these settings (`turn_policy.silence_to_end`)."""
+        if not self.end_of_turn_by_meaning:
+            return self.end_of_turn_ms
+        return policy.silence_to_end(
+            score,
+            self.end_of_turn_ms,
+            self.complete_turn_ms,
+            self.complete_turn_threshold,
+            self.unfinished_turn_ms,
+            self.unfinished_turn_threshold,
+        )
+
     def vad(self, base: VadConfig) -> VadConfig:
         """The VAD's settings for this session, on top of ``base``."""
         # the pause that starts the turn's final pass, its score and the held reply:
         # sooner when meaning may end the turn (the reply must be ready by then)
         pause_ms = min(base.pause_ms, JUDGED_PAUSE_MS) if self.end_of_turn_by_meaning else base.pause_ms
+        # the VAD ends the utterance after the longest silence the rules may wait; the
+        # session ends it sooner, as they say (`silence_to_end`)
+        longest = self.end_of_turn_ms
+        if self.end_of_turn_by_meaning:
+            longest = max(longest, self.complete_turn_ms, self.unfinished_turn_ms)
         return replace(
             base,
-            min_silence_ms=self.end_of_turn_ms,
+            min_silence_ms=longest,
             pause_ms=min(pause_ms, self.complete_turn_ms, self.end_of_turn_ms),
             threshold=self.vad_threshold,
             prefix_pad_ms=self.speech_prefix_ms,

@@ -3,8 +3,10 @@ a verdict out. No session, no models, no clock (times are passed in), so each is
 in milliseconds on a table of cases (tests/test_turn_policy.py); `duplex.session`
 gathers the inputs and acts on the verdicts.
 
-The rules. The end of the caller's turn is a pause after words the LLM judges a finished
-turn (``complete_turn_ms``, `turn_is_over`), or else the VAD's silence (``end_of_turn_ms``).
+The rules. The end of the caller's turn is a pause whose length depends on how finished
+the LLM judges the words before it (`silence_to_end`): short after a finished turn
+(``complete_turn_ms``), long after an unfinished one (``unfinished_turn_ms``), else
+``end_of_turn_ms``, the VAD's silence.
 Speech that starts while the assistant talks is first checked against the echo of what
 was sent (`EchoGate`): echo is ignored, utterance and all. Otherwise
 the reply is paused at once and the interruption is *tentative* (sooner still: a frame
@@ -163,12 +165,28 @@ def finished_turn(text: str, over_reply_said: str | None, answer_turns: bool) ->
     return Turn.AFTER_REPLY if over_reply_said is not None else Turn.ANSWER
 
 
-def turn_is_over(score: float | None, silence_ms: float, complete_ms: int, threshold: float) -> bool:
-    """The caller is in a pause: is their turn over already, before the VAD's whole
-    ``end_of_turn_ms``? Yes once the pause has lasted ``complete_ms`` after words the LLM
-    judges a finished turn: ``score`` (the probability it gives the end of the user's
-    message right after them; None: not known yet) at least ``threshold``."""
-    return score is not None and score >= threshold and silence_ms >= complete_ms
+def silence_to_end(
+    score: float | None,
+    end_ms: int,
+    complete_ms: int,
+    complete_threshold: float,
+    unfinished_ms: int,
+    unfinished_threshold: float,
+) -> int:
+    """The caller is in a pause after words the LLM has judged (``score``: the
+    probability it gives the end of the user's message right after them; None: not
+    known, or not to be used): how long a silence ends their turn. A finished turn
+    (``score`` at least ``complete_threshold``) ends after ``complete_ms``; an unfinished
+    one (under ``unfinished_threshold``: "what I really want to know is,") waits
+    ``unfinished_ms``, never less than others; other words, and words not judged,
+    ``end_ms``."""
+    if score is None:
+        return end_ms
+    if score >= complete_threshold:
+        return complete_ms
+    if score < unfinished_threshold:
+        return max(unfinished_ms, end_ms)
+    return end_ms
 
 
 def should_speculate(

@@ -139,6 +139,31 @@ async def test_a_sentence_broken_off_by_a_400_ms_pause_is_answered_only_when_fin
     nothing_played_before_the_turn_ended(caller)
 
 
+async def test_unfinished_words_wait_out_a_pause_that_silence_alone_ends_the_turn_at(engines, tts_engine):
+    """ "So the thing is," then 650 ms of silence: the LLM judges the words unfinished
+    (P(end of message) under ``unfinished_turn_threshold``; 0.001 in `duplex bench
+    endpoint`), so the turn waits up to ``unfinished_turn_ms`` (800) and the caller
+    finishes it. With silence alone (500 ms) the same audio is two turns."""
+    timeline: list[Step] = [
+        Silence(0.3),
+        Speak(spoken(tts_engine, "So the thing is,")),
+        Silence(0.65),
+        Speak(spoken(tts_engine, "my car won't start.")),
+        UntilReplyDone(timeout=30, after=0.3),
+    ]
+    session, caller, _ = await converse(engines, timeline)
+    (heard,) = caller.of_type(ev.TRANSCRIPT_DONE)  # one turn, not two
+    words = heard.data["transcript"].lower()
+    assert "thing" in words and "car" in words, words
+    assert len(caller.of_type(ev.SPEECH_STOPPED)) == 1 and len(caller.of_type(ev.RESPONSE_CREATED)) == 1
+    assert [m["role"] for m in session.conversation.messages()] == ["system", "user", "assistant"]
+    nothing_played_before_the_turn_ended(caller)
+    assert session.config.unfinished_turn_ms > 650 > session.config.end_of_turn_ms  # what this shows
+    # silence alone: the pause ends a turn of its own
+    _, caller, _ = await converse(engines, timeline, end_of_turn_by_meaning=False)
+    assert len(caller.of_type(ev.SPEECH_STOPPED)) == 2, [e.data for e in caller.of_type(ev.TRANSCRIPT_DONE)]
+
+
 async def test_a_dropped_prepared_reply_leaves_conversation_and_kv_as_if_it_never_began(engines, tts_engine):
     """The caller pauses mid-question for a second: a reply to the words so far is
     prepared, audio and all, and dropped when they go on. Nothing of it reaches the

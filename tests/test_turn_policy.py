@@ -4,6 +4,7 @@ verdict out (no models, no clock)."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -23,8 +24,8 @@ from duplex.turn_policy import (
     judge_interruption,
     quick_pause,
     should_speculate,
+    silence_to_end,
     speech_over_reply,
-    turn_is_over,
 )
 from models.vad import VadConfig
 
@@ -179,18 +180,31 @@ def test_should_speculate(
 
 
 @pytest.mark.parametrize(
-    ("score", "silence_ms", "over"),
+    ("score", "silence_ms"),
     [
-        (0.7, 200, True),  # a finished question, after the short silence
-        (0.7, 199, False),  # ... not before it
-        (0.2, 240, True),  # the threshold itself is enough
-        (0.19, 480, False),  # an unfinished clause: the VAD's whole silence decides
-        (0.0, 10_000, False),
-        (None, 480, False),  # no score yet (ASR or the LLM still at work, or out)
+        (0.7, 200),  # a finished question: the short silence
+        (0.2, 200),  # the threshold itself is enough
+        (0.19, 500),  # words neither finished nor unfinished: the whole silence
+        (0.05, 500),  # the unfinished threshold itself is not unfinished
+        (0.049, 900),  # "so the thing is,": the long silence
+        (0.0, 900),
+        (None, 500),  # no score yet (ASR or the LLM still at work, or out): the whole silence
     ],
 )
-def test_turn_is_over(score: float | None, silence_ms: float, over: bool) -> None:
-    assert turn_is_over(score, silence_ms, complete_ms=200, threshold=0.2) is over
+def test_silence_to_end(score: float | None, silence_ms: int) -> None:
+    assert silence_to_end(score, 500, 200, 0.2, 900, 0.05) == silence_ms
+
+
+def test_the_session_settings_choose_the_silence_and_the_vad_waits_for_the_longest() -> None:
+    config = SessionConfig(end_of_turn_ms=600, complete_turn_ms=250, unfinished_turn_ms=1000)
+    assert [config.silence_to_end(p) for p in (0.9, 0.1, 0.001, None)] == [250, 600, 1000, 600]
+    assert config.vad(VadConfig()).min_silence_ms == 1000  # the session ends the turn sooner
+    silence = replace(config, end_of_turn_by_meaning=False)  # silence alone, whatever the words
+    assert [silence.silence_to_end(p) for p in (0.9, 0.001, None)] == [600, 600, 600]
+    assert silence.vad(VadConfig()).min_silence_ms == 600
+    # a client's longer silence (realtime's silence_duration_ms) holds for unfinished words too
+    longer = SessionConfig(end_of_turn_ms=1200)
+    assert longer.silence_to_end(0.0) == 1200 and longer.vad(VadConfig()).min_silence_ms == 1200
 
 
 @pytest.mark.parametrize(
@@ -202,6 +216,10 @@ def test_turn_is_over(score: float | None, silence_ms: float, over: bool) -> Non
         {"complete_turn_threshold": "high"},
         {"complete_turn_threshold": True},
         {"end_of_turn_by_meaning": "yes"},
+        {"unfinished_turn_ms": 100},
+        {"unfinished_turn_ms": "long"},
+        {"unfinished_turn_threshold": -0.1},
+        {"unfinished_turn_threshold": None},
     ],
 )
 def test_bad_end_of_turn_settings_are_refused(changes: dict[str, object]) -> None:
@@ -215,4 +233,5 @@ def test_the_pause_that_starts_the_turns_judgement_comes_before_the_shortest_sil
     assert SessionConfig().vad(base).pause_ms == JUDGED_PAUSE_MS < base.pause_ms
     assert SessionConfig(end_of_turn_ms=200, end_of_turn_by_meaning=False).vad(base).pause_ms == 192
     assert SessionConfig(end_of_turn_by_meaning=False).vad(base).pause_ms == base.pause_ms
-    assert SessionConfig(end_of_turn_ms=300, complete_turn_ms=1000).vad(base).min_silence_ms == 300
+    # the VAD waits for the longest silence the rules may ask for, even a strange one
+    assert SessionConfig(end_of_turn_ms=300, complete_turn_ms=1000).vad(base).min_silence_ms == 1000
