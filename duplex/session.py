@@ -272,7 +272,6 @@ class Session(SessionPort):
                 for event in await self._listener.push(samples):
                     await self._on_listen(event)
                 if self._turn_over():
-                    self._times.silence_ms = self._listener.silence_ms
                     for event in await self._listener.end_turn():
                         await self._on_listen(event)
                 await self._check_interruption()
@@ -334,8 +333,7 @@ class Session(SessionPort):
         elif kind is ListenEventKind.SPEECH_STOPPED:
             self._times.speech_end = self._inbound.arrival(event.position)
             self._times.stopped = event.at
-            if self._times.silence_ms is None and self._listener is not None:  # the VAD's whole silence
-                self._times.silence_ms = float(self._listener.vad.config.min_silence_ms)
+            self._times.silence_ms = event.silence_ms
             if self._interruption is None:
                 self._emit(ev.SPEECH_STOPPED, item_id=self._user_item, audio_end_ms=event.position // 16)
             else:  # told if it turns out to be a barge-in (`_barge_in`)
@@ -605,6 +603,8 @@ class Session(SessionPort):
             if p is not None and listener.vad.pause == pause:
                 self._score, times.end_of_turn_score = (pause, p), p
                 times.scored = time.monotonic()
+                if (needed := c.silence_to_end(p)) > listener.vad.config.min_silence_ms:
+                    listener.vad.hold_pause(pause, needed)  # unfinished words: the VAD waits longer
         if speculate and self._reply is None and listener.paused and listener.vad.pause == pause:
             self._respond(text, times, held=True)
 
@@ -615,11 +615,10 @@ class Session(SessionPort):
             return None
 
     def _turn_over(self) -> bool:
-        """In a pause long enough to end the caller's turn, by the rules for the words
-        before it (`SessionConfig.silence_to_end`)? Words over a reply, or its echo, and
-        words not judged yet end it after ``end_of_turn_ms``. The VAD ends the utterance
-        itself after the longest silence the rules may wait (or ``end_of_turn_ms``, with
-        silence alone): a turn that must wait that long is left to it."""
+        """In a pause long enough to end the caller's turn sooner than the VAD will, by
+        the rules for the words before it (`SessionConfig.silence_to_end`: words judged
+        a finished turn)? Words over a reply, or its echo, and words not judged yet wait
+        for the VAD (``end_of_turn_ms``; longer after unfinished words, `_prepare`)."""
         listener, judged = self._listener, self._score
         if listener is None or not listener.paused or not self.config.end_of_turn_by_meaning:
             return False

@@ -151,14 +151,12 @@ class SessionConfig:
         # the pause that starts the turn's final pass, its score and the held reply:
         # sooner when meaning may end the turn (the reply must be ready by then)
         pause_ms = min(base.pause_ms, JUDGED_PAUSE_MS) if self.end_of_turn_by_meaning else base.pause_ms
-        # the VAD ends the utterance after the longest silence the rules may wait; the
-        # session ends it sooner, as they say (`silence_to_end`)
-        longest = self.end_of_turn_ms
-        if self.end_of_turn_by_meaning:
-            longest = max(longest, self.complete_turn_ms, self.unfinished_turn_ms)
+        # the VAD ends the utterance after end_of_turn_ms; the session ends it sooner
+        # after finished words and has the VAD wait longer after unfinished ones, as the
+        # rules say (`silence_to_end`)
         return replace(
             base,
-            min_silence_ms=longest,
+            min_silence_ms=self.end_of_turn_ms,
             pause_ms=min(pause_ms, self.complete_turn_ms, self.end_of_turn_ms),
             threshold=self.vad_threshold,
             prefix_pad_ms=self.speech_prefix_ms,

@@ -176,14 +176,14 @@ def silence_to_end(
     """The caller is in a pause after words the LLM has judged (``score``: the
     probability it gives the end of the user's message right after them; None: not
     known, or not to be used): how long a silence ends their turn. A finished turn
-    (``score`` at least ``complete_threshold``) ends after ``complete_ms``; an unfinished
-    one (under ``unfinished_threshold``: "what I really want to know is,") waits
-    ``unfinished_ms``, never less than others; other words, and words not judged,
-    ``end_ms``."""
+    (``score`` at least ``complete_threshold``) ends after ``complete_ms``, never more
+    than others; an unfinished one (under ``unfinished_threshold``: "what I really want
+    to know is,") waits ``unfinished_ms``, never less than others; other words, and
+    words not judged, ``end_ms``."""
     if score is None:
         return end_ms
     if score >= complete_threshold:
-        return complete_ms
+        return min(complete_ms, end_ms)
     if score < unfinished_threshold:
         return max(unfinished_ms, end_ms)
     return end_ms

@@ -38,6 +38,7 @@ class ListenEvent:
     position: int  # 16 kHz stream position
     result: AsrResult | None = None
     at: float = field(default_factory=time.monotonic)  # when the event happened
+    silence_ms: float | None = None  # SPEECH_STOPPED: the silence that ended the utterance
 
 
 class Listener:
@@ -113,7 +114,7 @@ class Listener:
                 self.asr.pause(event.position + ASR_TAIL, event.position)
                 events.append(ListenEvent(ListenEventKind.PAUSED, event.position))
             elif event.kind is VadEventKind.SPEECH_END:
-                events += await self._stopped(event.position)
+                events += await self._stopped(event.position, event.silence_ms)
         events.extend(self._partials())
         return events
 
@@ -126,12 +127,14 @@ class Listener:
     async def end_turn(self) -> list[ListenEvent]:
         """The caller's turn was judged over in the pause the VAD is in: the utterance
         ends there, as it would after the VAD's whole silence (no events if not paused)."""
+        silence_ms = self.silence_ms
         position = self.vad.end_now() if self.paused else None
-        return [] if position is None else await self._stopped(position)
+        return [] if position is None else await self._stopped(position, silence_ms)
 
-    async def _stopped(self, position: int) -> list[ListenEvent]:
+    async def _stopped(self, position: int, silence_ms: float | None) -> list[ListenEvent]:
         self.speaking = False
-        events = [*self._partials(), ListenEvent(ListenEventKind.SPEECH_STOPPED, position)]
+        stopped = ListenEvent(ListenEventKind.SPEECH_STOPPED, position, silence_ms=silence_ms)
+        events = [*self._partials(), stopped]
         final = await self.asr.finish(position + ASR_TAIL)
         return [*events, ListenEvent(ListenEventKind.FINAL, position, final)]
 

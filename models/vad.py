@@ -56,6 +56,7 @@ class VadEventKind(enum.Enum):
 class VadEvent:
     kind: VadEventKind
     position: int  # sample index in the session's 16 kHz stream
+    silence_ms: int | None = None  # SPEECH_END: the silence that ended the utterance
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,7 @@ class VadStream:
         self.candidate: int | None = None  # start of a not yet confirmed speech run
         self.pause: int | None = None  # start of the current pause while speaking
         self.pause_announced = False
+        self.held: tuple[int, int] | None = None  # (pause start, ms): `hold_pause`
         self._events: list[VadEvent] = []
         self._waiter: asyncio.Future[list[VadEvent]] | None = None
 
@@ -119,7 +121,6 @@ class VadStream:
     def _decide(self, prob: float, window_start: int) -> None:
         cfg = self.config
         min_speech = cfg.min_speech_ms * SAMPLE_RATE // 1000
-        min_silence = cfg.min_silence_ms * SAMPLE_RATE // 1000
         prefix = cfg.speech_pad_ms if cfg.prefix_pad_ms is None else cfg.prefix_pad_ms
         pad = prefix * SAMPLE_RATE // 1000
         window_end = window_start + WINDOW
@@ -141,10 +142,20 @@ class VadStream:
                 if not self.pause_announced and window_end - self.pause >= cfg.pause_ms * SAMPLE_RATE // 1000:
                     self.pause_announced = True
                     self._events.append(VadEvent(VadEventKind.PAUSE, self._end_position()))
-                if window_end - self.pause >= min_silence:
+                held, silence_ms = self.held, cfg.min_silence_ms
+                if held is not None and held[0] == self.pause:
+                    silence_ms = held[1]
+                if window_end - self.pause >= silence_ms * SAMPLE_RATE // 1000:
                     self.speaking = False
-                    self._events.append(VadEvent(VadEventKind.SPEECH_END, self._end_position()))
+                    self._events.append(VadEvent(VadEventKind.SPEECH_END, self._end_position(), silence_ms))
                     self.pause = None
+
+    def hold_pause(self, pause: int, silence_ms: int) -> None:
+        """The pause that began at ``pause`` (`VadStream.pause`) ends the utterance after
+        ``silence_ms`` instead of ``min_silence_ms`` (the caller's words before it sound
+        unfinished); any other pause as before. Safe during a push: a window decided
+        before it is decided as it was."""
+        self.held = (pause, silence_ms)
 
     def end_now(self) -> int | None:
         """End the utterance in the pause the stream is in, as ``min_silence_ms`` of

@@ -24,7 +24,7 @@ from duplex.config import Config
 from duplex.grpc_client import Conversation, DuplexClient
 from duplex.sessions import Sessions
 from duplex.transports.grpc_server import GrpcListener
-from duplex.transports.grpc_stream import StreamEnd, _send_status
+from duplex.transports.grpc_stream import StreamEnd, send_status
 from models.speech_set import wer
 from tests.conftest import REPO, duplex_command, speech
 from tests.hostile import run_cases, until
@@ -592,11 +592,11 @@ async def test_a_status_that_cannot_be_sent_ends_the_call_as_a_cancellation():
     """The status after a slow reader races the client's going away: a send that fails
     before grpc has marked the call closed raised grpc's ExecuteBatchError, which grpc
     logs as an ERROR with a traceback (CI, the hostile suite). It ends the call as the
-    cancellation grpc raises once it knows; so does a status not taken in time (a return
-    with the abort not raised is also logged as an ERROR). A sent status is grpc's."""
+    cancellation grpc raises once it knows; so does a status not taken in time (the
+    client reads nothing). A sent status is grpc's own AbortError."""
     end = StreamEnd(grpc.StatusCode.RESOURCE_EXHAUSTED, "slow_reader: the client read nothing for 5 s")
     with pytest.raises(AbortError):
-        await _send_status(_Context("sent"), end, 1.0)
+        await send_status(_Context("sent"), end, 1.0)
     for how in ("failed", "hangs"):
         with pytest.raises(asyncio.CancelledError):
-            await _send_status(_Context(how), end, 0.05)
+            await send_status(_Context(how), end, 0.05)

@@ -198,13 +198,15 @@ def test_silence_to_end(score: float | None, silence_ms: int) -> None:
 def test_the_session_settings_choose_the_silence_and_the_vad_waits_for_the_longest() -> None:
     config = SessionConfig(end_of_turn_ms=600, complete_turn_ms=250, unfinished_turn_ms=1000)
     assert [config.silence_to_end(p) for p in (0.9, 0.1, 0.001, None)] == [250, 600, 1000, 600]
-    assert config.vad(VadConfig()).min_silence_ms == 1000  # the session ends the turn sooner
+    # the VAD ends the utterance after end_of_turn_ms: the session ends it sooner, or has
+    # the VAD hold the pause longer (`VadStream.hold_pause`)
+    assert config.vad(VadConfig()).min_silence_ms == 600
     silence = replace(config, end_of_turn_by_meaning=False)  # silence alone, whatever the words
     assert [silence.silence_to_end(p) for p in (0.9, 0.001, None)] == [600, 600, 600]
-    assert silence.vad(VadConfig()).min_silence_ms == 600
-    # a client's longer silence (realtime's silence_duration_ms) holds for unfinished words too
-    longer = SessionConfig(end_of_turn_ms=1200)
-    assert longer.silence_to_end(0.0) == 1200 and longer.vad(VadConfig()).min_silence_ms == 1200
+    # a client's longer silence (realtime's silence_duration_ms) holds for unfinished words
+    # too, and a shorter one for finished words
+    assert SessionConfig(end_of_turn_ms=1200).silence_to_end(0.0) == 1200
+    assert SessionConfig(end_of_turn_ms=200).silence_to_end(0.9) == 200
 
 
 @pytest.mark.parametrize(
@@ -233,5 +235,4 @@ def test_the_pause_that_starts_the_turns_judgement_comes_before_the_shortest_sil
     assert SessionConfig().vad(base).pause_ms == JUDGED_PAUSE_MS < base.pause_ms
     assert SessionConfig(end_of_turn_ms=200, end_of_turn_by_meaning=False).vad(base).pause_ms == 192
     assert SessionConfig(end_of_turn_by_meaning=False).vad(base).pause_ms == base.pause_ms
-    # the VAD waits for the longest silence the rules may ask for, even a strange one
-    assert SessionConfig(end_of_turn_ms=300, complete_turn_ms=1000).vad(base).min_silence_ms == 1000
+    assert SessionConfig(end_of_turn_ms=300, complete_turn_ms=1000).vad(base).min_silence_ms == 300

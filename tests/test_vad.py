@@ -56,6 +56,29 @@ async def test_a_pause_is_announced_before_the_end_at_the_same_position(vad_engi
     assert pause.position == events[-1].position
 
 
+async def test_a_held_pause_ends_the_utterance_only_after_its_own_silence(vad_engine, speech_set):
+    """Two sentences 700 ms apart: with ``min_silence_ms`` 500 they are two utterances,
+    each ended after 500 ms. A session that holds each pause for 900 ms (the words before
+    it sound unfinished) gets one, ended by the trailing second of silence after 900."""
+    voiced = [u.audio[slice(*u.voiced)] for u in speech_set[:2]]
+    silence = [np.zeros(int(s * 16000), np.int16) for s in (0.5, 0.7, 1.0)]
+    audio = np.concatenate([silence[0], voiced[0], silence[1], voiced[1], silence[2]])
+    config = VadConfig(min_silence_ms=500, pause_ms=96)
+    plain = [e for e in await run_vad(vad_engine, audio, 320, config) if e.kind is VadEventKind.SPEECH_END]
+    assert [e.silence_ms for e in plain] == [500, 500]
+    stream, held = vad_engine.stream(config), []
+    for i in range(0, audio.size, 320):
+        for event in await stream.push(audio[i : i + 320]):
+            held.append(event)
+            if event.kind is VadEventKind.PAUSE:
+                assert stream.pause is not None
+                stream.hold_pause(stream.pause, 900)
+    pauses = [e for e in held if e.kind is VadEventKind.PAUSE]
+    ends = [e for e in held if e.kind is VadEventKind.SPEECH_END]
+    assert len(pauses) >= 2 and [e.silence_ms for e in ends] == [900]
+    assert ends[0].position == plain[1].position  # where the second sentence's voice stops
+
+
 async def test_min_speech_filters_short_blips(vad_engine, speech_set):
     word = speech_set[3].audio  # "No, thanks." (~0.9 s)
     audio = np.concatenate([np.zeros(8000, np.int16), word, np.zeros(16000, np.int16)])

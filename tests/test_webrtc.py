@@ -460,13 +460,14 @@ async def test_a_browser_that_takes_no_events_is_closed_as_a_slow_reader(endpoin
     peer was closed as stalled first, now and then, with any timeout of a few seconds."""
     base, webrtc, sessions = endpoint
     config = webrtc.config
-    slow = await connected(base)
-    webrtc.config = dataclasses.replace(config, slow_reader_timeout_s=120)
+    browsers: list[Browser] = []
     try:
-        flooded = await connected(base)
-    finally:
-        webrtc.config = config
-    try:
+        browsers.append(slow := await connected(base))
+        webrtc.config = dataclasses.replace(config, slow_reader_timeout_s=120)
+        try:
+            browsers.append(flooded := await connected(base))
+        finally:
+            webrtc.config = config
         links = {b.session_id: webrtc._links[b.session_id] for b in (slow, flooded)}
         peers = {b.session_id: webrtc.peers[b.session_id] for b in (slow, flooded)}
         for browser in (slow, flooded):
@@ -485,7 +486,7 @@ async def test_a_browser_that_takes_no_events_is_closed_as_a_slow_reader(endpoin
         assert flood._channel.bufferedAmount <= wire.MAX_BUFFERED_BYTES + 70_000  # one event over, at most
         assert not webrtc.peers and len(sessions) == 0
     finally:
-        await asyncio.gather(slow.close(), flooded.close())
+        await asyncio.gather(*(b.close() for b in browsers))
     await until(lambda: len(sessions) == 0 and not webrtc.peers)
 
 

@@ -16,9 +16,10 @@ from grpc_reflection.v1alpha import reflection
 from audio_io._proto import duplex_pb2, duplex_pb2_grpc
 from duplex.config import Config
 from duplex.sessions import Sessions
-from duplex.transports.grpc_stream import DuplexService
+from duplex.transports.grpc_stream import DuplexService, StreamEnd, send_status
 
 PUBLIC_METHODS = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+DENY_WAIT_S = 5.0  # the refusal goes first, with nothing queued before it; no longer than this
 
 
 class _TokenInterceptor(grpc.aio.ServerInterceptor):
@@ -40,7 +41,9 @@ class _TokenInterceptor(grpc.aio.ServerInterceptor):
             return handler
 
         async def deny(request: Any, context: grpc.aio.ServicerContext) -> None:
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong token")
+            await send_status(
+                context, StreamEnd(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong token"), 5.0
+            )
 
         # the refusal must have the method's own shape, or a streaming call sees INTERNAL
         if handler.request_streaming and handler.response_streaming:

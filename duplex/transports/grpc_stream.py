@@ -31,7 +31,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -151,7 +151,7 @@ def half_closed(reader: asyncio.Task[None]) -> bool:
     return reader.done() and not reader.cancelled() and reader.exception() is None
 
 
-async def _send_status(context: grpc.aio.ServicerContext, end: StreamEnd, wait_s: float) -> None:
+async def send_status(context: grpc.aio.ServicerContext, end: StreamEnd, wait_s: float) -> None:
     """End the call with ``end``'s status (grpc's abort, which raises for grpc). The
     status goes out after all the client has not read: it is sent, but a client that
     reads nothing is not waited for more than ``wait_s`` (it gets it if it reads
@@ -164,7 +164,7 @@ async def _send_status(context: grpc.aio.ServicerContext, end: StreamEnd, wait_s
         _raise_as_grpc_would(e)
 
 
-def _raise_as_grpc_would(error: BaseException) -> None:
+def _raise_as_grpc_would(error: BaseException) -> NoReturn:
     """Raise a writer's or a status's failure for grpc to handle. A send that failed
     because the client is gone, before grpc has marked the call closed (the client's
     RST_STREAM and the failed send race), is the cancellation grpc raises once it has:
@@ -193,9 +193,9 @@ class DuplexService(pb_grpc.DuplexServicer):
                 config, wire_in, output, voice = await self._configure(requests)
                 wire, stage, session = await self._open(config, output, voice)
         except SessionError as e:
-            await context.abort(*_refused(e))
+            await send_status(context, StreamEnd(*_refused(e)), self.slow_reader_timeout_s)
         except StreamEnd as e:
-            await context.abort(e.code, str(e))
+            await send_status(context, e, self.slow_reader_timeout_s)
         stream = _Stream(session, wire_in, wire.output, stage.outbox)
         wait_s = self.slow_reader_timeout_s
 
@@ -230,7 +230,7 @@ class DuplexService(pb_grpc.DuplexServicer):
         else:
             end = stream.end
         if end is not None:
-            await _send_status(context, end, wait_s)
+            await send_status(context, end, wait_s)
 
     async def _configure(
         self, requests: AsyncIterator[pb.ClientEvent]
