@@ -44,7 +44,8 @@ class SessionConfig:
     complete_turn_ms: int = 300
     complete_turn_threshold: float = 0.3  # the LLM's probability that the user's message ends there
     # ... or this much, after words it judges unfinished ("so the thing is,": a probability
-    # under the threshold; a statement's real end scores 0.002-0.04, its pauses as low)
+    # under the threshold; duplex bench endpoint's pauses that silence alone split
+    # scored 0.0-0.014, real ends of statements 0.002-0.18)
     unfinished_turn_ms: int = 800
     unfinished_turn_threshold: float = 0.02
     end_of_turn_by_meaning: bool = True  # false: silence alone (end_of_turn_ms) ends the turn

@@ -41,9 +41,8 @@ class _TokenInterceptor(grpc.aio.ServerInterceptor):
             return handler
 
         async def deny(request: Any, context: grpc.aio.ServicerContext) -> None:
-            await send_status(
-                context, StreamEnd(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong token"), 5.0
-            )
+            refused = StreamEnd(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong token")
+            await send_status(context, refused, DENY_WAIT_S)
 
         # the refusal must have the method's own shape, or a streaming call sees INTERNAL
         if handler.request_streaming and handler.response_streaming:
