@@ -619,13 +619,12 @@ class Session(SessionPort):
         the rules for the words before it (`SessionConfig.silence_to_end`: words judged
         a finished turn)? Words over a reply, or its echo, and words not judged yet wait
         for the VAD (``end_of_turn_ms``; longer after unfinished words, `_prepare`)."""
-        listener, judged = self._listener, self._score
-        if listener is None or not listener.paused or not self.config.end_of_turn_by_meaning:
+        listener, score = self._listener, self._score
+        if listener is None or score is None or not listener.paused or listener.vad.pause != score[0]:
             return False
-        score = None
-        if judged is not None and judged[0] == listener.vad.pause:
-            score = judged[1] if self._interruption is None and not self._echo_utterance else None
-        needed = self.config.silence_to_end(score)
+        if self._interruption is not None or self._echo_utterance:
+            return False
+        needed = self.config.silence_to_end(score[1])
         return needed < listener.vad.config.min_silence_ms and listener.silence_ms >= needed
 
     async def _stop_reply(self) -> None:

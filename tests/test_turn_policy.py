@@ -195,7 +195,7 @@ def test_silence_to_end(score: float | None, silence_ms: int) -> None:
     assert silence_to_end(score, 500, 200, 0.2, 900, 0.05) == silence_ms
 
 
-def test_the_session_settings_choose_the_silence_and_the_vad_waits_for_the_longest() -> None:
+def test_the_session_settings_choose_the_silence_and_the_vad_ends_after_end_of_turn_ms() -> None:
     config = SessionConfig(end_of_turn_ms=600, complete_turn_ms=250, unfinished_turn_ms=1000)
     assert [config.silence_to_end(p) for p in (0.9, 0.1, 0.001, None)] == [250, 600, 1000, 600]
     # the VAD ends the utterance after end_of_turn_ms: the session ends it sooner, or has
