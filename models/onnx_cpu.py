@@ -9,13 +9,13 @@ if TYPE_CHECKING:
     import onnxruntime
 
 
-def cpu_session(model_path: str | Path, threads: int = 1) -> onnxruntime.InferenceSession:
-    """An onnxruntime session on the CPU with ``threads`` for each op and one between ops."""
+def cpu_session(model: str | Path | bytes, threads: int = 1) -> onnxruntime.InferenceSession:
+    """An onnxruntime session on the CPU with ``threads`` for each op and one between ops,
+    for a model file or a serialized model."""
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
-    return onnxruntime.InferenceSession(
-        str(model_path), sess_options=options, providers=["CPUExecutionProvider"]
-    )
+    source = model if isinstance(model, bytes) else str(model)
+    return onnxruntime.InferenceSession(source, sess_options=options, providers=["CPUExecutionProvider"])

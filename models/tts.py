@@ -4,13 +4,19 @@
                                                     first phrases before later ones)
     TtsStream.frames() ◄─ WordMarks + AudioFrames (20 ms at the voice's rate) ◄─┘
 
-Word marks are *estimated*: the bundled joe-medium voice has no duration output, so
-piper cannot report alignments. Within each synthesized phrase, the voiced span (the
-audio between the leading and trailing silence, found by energy) is divided among the
-words in proportion to their phoneme counts (each word phonemized alone by piper's
-espeak-ng), with punctuation adding a pause's worth of weight. Phrases are short
-(a few words to one sentence), which bounds the error to a fraction of a word; the
-boundaries between phrases are exact.
+The voice runs in two parts (`models.voice_parts`): its first part gives a sentence's
+latent frames and how many each phoneme lasts, the decoder turns frames into samples.
+A turn's first phrase is decoded in spans, its first 186 ms alone, and each span goes
+out as soon as it is decoded; later phrases are decoded whole (they are ready long
+before they play).
+
+Word marks come from the phonemes' frames: a word is its phonemes between espeak's
+spaces. Where espeak's words are not the text's (a number read out as two words), or
+for a voice that cannot be split (run whole, as piper does), they are *estimated*: the
+phrase's voiced span is divided among the words in proportion to their phoneme counts
+(each word phonemized alone by piper's espeak-ng), with punctuation adding a pause's
+worth of weight. Phrases are short (a few words to one sentence), which bounds the
+error to a fraction of a word; the boundaries between phrases are exact.
 
 Loudness: piper normalizes each sentence to full scale by default, which would make
 loudness jump between phrases of a streamed reply; a fixed gain is used instead.
@@ -26,7 +32,7 @@ import queue
 import re
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,9 +41,9 @@ import numpy.typing as npt
 
 from audio_io.frame import AudioFrame
 from audio_io.pcm import float_to_pcm16
-from models.handoff import resolve_from_thread
 from models.onnx_cpu import cpu_session
 from models.phrases import Phrase, PhraseSplitter
+from models.voice_parts import Encoded, VoiceParts, phoneme_spans, word_spans
 
 log = logging.getLogger("duplex.tts")
 
@@ -58,11 +64,22 @@ class WordMark:
     sample_end: int
 
 
+# per word of a phrase: (char_start, char_end) within the phrase, (start, end) samples
+Words = list[tuple[int, int, int, int]]
+
+
 @dataclass(frozen=True)
 class Synthesis:
     audio: npt.NDArray[np.int16]
-    # per word of the phrase: (char_start, char_end) within the phrase, (start, end) samples
-    words: list[tuple[int, int, int, int]]
+    words: Words
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Part of a phrase's audio, in order; the first also says where its words are."""
+
+    audio: npt.NDArray[np.int16]
+    words: Words | None = None
 
 
 def voiced_span(audio: npt.NDArray[np.float32], rate: int) -> tuple[int, int]:
@@ -84,22 +101,34 @@ def voiced_span(audio: npt.NDArray[np.float32], rate: int) -> tuple[int, int]:
 # decoding the rest of the reply); with one thread, 80 ms idle and 75-90 ms beside it
 # (AMD EPYC Zen 4, 2 cores, no AMX).
 TTS_THREADS = 1
+FIRST_FRAMES = 16  # a first phrase's first span: 16 latent frames, 186 ms at 22.05 kHz
 
 
 class TtsEngine:
     """One piper voice, shared by all sessions; synthesis runs on one worker thread."""
 
-    def __init__(self, voice_path: str | Path, deterministic: bool = False) -> None:
+    def __init__(self, voice_path: str | Path, deterministic: bool = False, split: bool = True) -> None:
         from piper import PiperConfig, PiperVoice, SynthesisConfig
 
         config = PiperConfig.from_dict(json.loads(Path(f"{voice_path}.json").read_text(encoding="utf-8")))
-        self.voice = PiperVoice(config=config, session=cpu_session(voice_path, TTS_THREADS))
+        # in two parts if it splits (``split=False``: whole, as piper runs it)
+        self.parts = VoiceParts.load(voice_path, config.hop_length, TTS_THREADS) if split else None
+        whole = cpu_session(voice_path, TTS_THREADS) if self.parts is None else None
+        self.voice = PiperVoice(config=config, session=whole)  # (phonemes and ids only, when split)
         self.name = Path(voice_path).name.removesuffix(".onnx")  # e.g. en_US-joe-medium
         self.sample_rate: int = self.voice.config.sample_rate
         self.frame_samples = self.sample_rate // 50
         # piper's generator noise makes every synthesis differ; tests want repeatable audio
         noise = 0.0 if deterministic else None
         self._syn_config = SynthesisConfig(normalize_audio=False, noise_scale=noise, noise_w_scale=noise)
+        self._scales = np.array(
+            [
+                config.noise_scale if noise is None else noise,
+                config.length_scale,
+                config.noise_w_scale if noise is None else noise,
+            ],
+            dtype=np.float32,
+        )
         self._jobs: queue.PriorityQueue[tuple[int, int, _Job | None]] = queue.PriorityQueue()
         self._seq = itertools.count()
         self.busy_s = 0.0  # synthesis time, for the real-time factor
@@ -135,13 +164,56 @@ class TtsEngine:
     # -- synthesis (worker thread) --
 
     def synthesize(self, text: str) -> Synthesis:
-        """Blocking: one phrase to int16 audio and estimated word spans."""
-        chunks = list(self.voice.synthesize(text, self._syn_config))
-        audio = np.concatenate([c.audio_float_array for c in chunks]) if chunks else np.zeros(0, np.float32)
-        audio = np.clip(audio * FIXED_GAIN, -1.0, 1.0)
-        return Synthesis(float_to_pcm16(audio), self._estimate_words(text, audio))
+        """Blocking: one phrase to int16 audio and its words' spans."""
+        pieces = list(self.pieces(text))
+        return Synthesis(np.concatenate([p.audio for p in pieces]), pieces[0].words or [])
 
-    def _estimate_words(self, text: str, audio: npt.NDArray[np.float32]) -> list[tuple[int, int, int, int]]:
+    def pieces(self, text: str, first_frames: int | None = None) -> Iterator[Piece]:
+        """Blocking: one phrase's audio in pieces, the first with the words' spans; with
+        ``first_frames``, its first sentence's first frames are a piece of their own."""
+        if self.parts is None:
+            chunks = [c.audio_float_array for c in self.voice.synthesize(text, self._syn_config)]
+            audio = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
+            yield Piece(self._pcm(audio), self._estimate_words(text, *voiced_span(audio, self.sample_rate)))
+            return
+        parts = self.parts
+        sentences = [
+            (ph, parts.encode(self.voice.phonemes_to_ids(ph), self._scales))
+            for ph in self.voice.phonemize(text)
+            if ph
+        ]
+        words: Words | None = self._words(text, sentences)
+        for i, (_, encoded) in enumerate(sentences):
+            for start, end in parts.spans(encoded, first_frames if i == 0 else None):
+                yield Piece(self._pcm(parts.decode(encoded, start, end)), words)
+                words = None
+        if words is not None:  # nothing to say
+            yield Piece(np.zeros(0, np.int16), words)
+
+    @staticmethod
+    def _pcm(audio: npt.NDArray[np.float32]) -> npt.NDArray[np.int16]:
+        """piper's float samples, clipped as piper clips them, at the fixed gain."""
+        return float_to_pcm16(np.clip(np.clip(audio, -1.0, 1.0) * FIXED_GAIN, -1.0, 1.0))
+
+    def _words(self, text: str, sentences: list[tuple[list[str], Encoded]]) -> Words:
+        """Each word's samples from its phonemes' frames; estimated over the phonemes'
+        span where espeak's words are not the text's."""
+        hop, id_map = self.voice.config.hop_length, self.voice.config.phoneme_id_map
+        spans: list[tuple[int, int]] = []
+        offset = 0
+        for phonemes, encoded in sentences:
+            aligned = phoneme_spans(phonemes, id_map, encoded.id_frames, hop)
+            if aligned is None:
+                return self._estimate_words(text, 0, sum(e.frames for _, e in sentences) * hop)
+            spans += [(offset + a, offset + b) for a, b in word_spans(aligned)]
+            offset += encoded.frames * hop
+        words = list(_WORD.finditer(text))
+        if len(spans) == len(words):
+            return [(w.start(), w.end(), a, b) for w, (a, b) in zip(words, spans, strict=True)]
+        return self._estimate_words(text, spans[0][0] if spans else 0, spans[-1][1] if spans else offset)
+
+    def _estimate_words(self, text: str, start: int, end: int) -> Words:
+        """The span ``[start, end)`` divided among the words by their phoneme counts."""
         words = list(_WORD.finditer(text))
         if not words:
             return []
@@ -150,7 +222,6 @@ class TtsEngine:
             phonemes = [p for sentence in self.voice.phonemize(w.group()) for p in sentence]
             core = sum(1 for p in phonemes if p not in _STRESS and not p.isspace() and p not in _PAUSE_WEIGHT)
             weights.append(max(core, 1) + _PAUSE_WEIGHT.get(w.group()[-1], 0.0))
-        start, end = voiced_span(audio, self.sample_rate)
         edges = start + (end - start) * np.concatenate([[0.0], np.cumsum(weights)]) / sum(weights)
         bounds = np.rint(edges).astype(int)
         return [(w.start(), w.end(), int(bounds[i]), int(bounds[i + 1])) for i, w in enumerate(words)]
@@ -163,36 +234,49 @@ class TtsEngine:
             if job.cancelled.is_set():
                 continue
             started = time.perf_counter()
-            result: Synthesis | BaseException
             try:
-                result = self.synthesize(job.text)
-                self.busy_s += time.perf_counter() - started
-                self.audio_s += result.audio.size / self.sample_rate
+                for piece in self.pieces(job.text, FIRST_FRAMES if job.first else None):
+                    if job.cancelled.is_set():
+                        break  # cut: the rest of the phrase is not decoded
+                    job.deliver(piece)
+                    self.audio_s += piece.audio.size / self.sample_rate
             except Exception as e:  # a bad phrase fails its stream, not the engine
                 log.exception("synthesis failed for a phrase of %d chars", len(job.text))
-                result = e
+                job.deliver(e)
             except BaseException:  # the worker ends (the engine watch starts another): the phrase fails
                 job.deliver(RuntimeError("the TTS worker stopped during this phrase"))
                 raise
-            job.deliver(result)
+            finally:
+                self.busy_s += time.perf_counter() - started
+            job.deliver(None)
 
-    def submit(self, job: _Job, first: bool) -> None:
+    def submit(self, job: _Job) -> None:
         # First phrases of a turn jump ahead of later phrases of other turns.
-        self._jobs.put((0 if first else 1, next(self._seq), job))
+        if not job.cancelled.is_set():
+            self._jobs.put((0 if job.first else 1, next(self._seq), job))
 
 
 @dataclass(eq=False)
 class _Job:
+    """One phrase: its pieces go from the worker to the stream, then None."""
+
     text: str
+    first: bool  # the turn's first phrase
     loop: asyncio.AbstractEventLoop
-    future: asyncio.Future[Synthesis] = field(init=False)
+    pieces: asyncio.Queue[Piece | BaseException | None] = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
 
-    def __post_init__(self) -> None:
-        self.future = self.loop.create_future()
+    def deliver(self, item: Piece | BaseException | None) -> None:
+        """From the worker thread (a closed loop: nobody is waiting any more)."""
+        try:
+            self.loop.call_soon_threadsafe(self.pieces.put_nowait, item)
+        except RuntimeError:
+            pass
 
-    def deliver(self, result: Synthesis | BaseException) -> None:
-        resolve_from_thread(self.loop, self.future, result)
+    def cancel(self) -> None:
+        """On the loop: the stream stops waiting, the worker stops decoding it."""
+        self.cancelled.set()
+        self.pieces.put_nowait(None)
 
 
 class TtsStream:
@@ -237,17 +321,16 @@ class TtsStream:
     def cancel(self) -> None:
         self.cancelled = True
         for job in self._all_jobs:
-            job.cancelled.set()
-            job.future.cancel()
+            job.cancel()
         while not self._jobs.empty():
             self._jobs.get_nowait()
         self._jobs.put_nowait(None)
 
     def _submit(self, phrases: list[Phrase]) -> None:
         for phrase in phrases:
-            job = _Job(phrase.text, self._loop)
+            job = _Job(phrase.text, phrase.index == 0, self._loop)
             self._all_jobs.append(job)
-            self.engine.submit(job, first=phrase.index == 0)
+            self.engine.submit(job)
             self._jobs.put_nowait((phrase, job))
 
     async def frames(self) -> AsyncIterator[AudioFrame | WordMark]:
@@ -260,21 +343,17 @@ class TtsStream:
             if item is None or self.cancelled:
                 break
             phrase, job = item
-            try:
-                synthesis = await job.future
-            except asyncio.CancelledError:
-                if self.cancelled:
-                    break
-                raise
-            if self.cancelled:
-                break
-            for c0, c1, s0, s1 in synthesis.words:
-                yield WordMark(phrase.char_start + c0, phrase.char_start + c1, position + s0, position + s1)
-            position += synthesis.audio.size
-            carry = np.concatenate([carry, synthesis.audio])
-            while carry.size >= n and not self.cancelled:
-                yield AudioFrame(carry[:n].copy(), self.engine.sample_rate)
-                carry = carry[n:]
+            start = position  # of the phrase in the turn's audio
+            while (piece := await job.pieces.get()) is not None and not self.cancelled:
+                if isinstance(piece, BaseException):
+                    raise piece
+                for c0, c1, s0, s1 in piece.words or ():
+                    yield WordMark(phrase.char_start + c0, phrase.char_start + c1, start + s0, start + s1)
+                position += piece.audio.size
+                carry = np.concatenate([carry, piece.audio])
+                while carry.size >= n and not self.cancelled:
+                    yield AudioFrame(carry[:n].copy(), self.engine.sample_rate)
+                    carry = carry[n:]
         if not self.cancelled and carry.size:
             yield AudioFrame(
                 np.concatenate([carry, np.zeros(n - carry.size, np.int16)]), self.engine.sample_rate

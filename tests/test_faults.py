@@ -50,20 +50,20 @@ class FailingSynthesis:
     """The shared TTS engine, made to raise on the second phrase of a reply while `on`."""
 
     def __init__(self, engine: TtsEngine) -> None:
-        self.real = engine.synthesize
+        self.real = engine.pieces
         self.tried: list[str] = []
         self.on = True
 
-    def __call__(self, text: str) -> Any:
+    def __call__(self, text: str, first_frames: int | None = None) -> Any:
         self.tried.append(text)
         if self.on and len(self.tried) == 2:
             raise RuntimeError("the voice model failed")
-        return self.real(text)
+        return self.real(text, first_frames)
 
 
 async def test_a_tts_exception_ends_the_reply_failed_with_an_error_never_a_hang(engines, monkeypatch):
     failing = FailingSynthesis(engines.tts)
-    monkeypatch.setattr(engines.tts, "synthesize", failing)
+    monkeypatch.setattr(engines.tts, "pieces", failing)
     caller = VirtualCaller()
     session = Session(engines, caller, SessionConfig())
     await session.start()
@@ -142,7 +142,7 @@ async def test_a_dead_worker_fails_its_job_turns_health_and_is_restarted(engines
     changes: list[bool] = []
     readiness.on_change(changes.append)
     if isinstance(engine, TtsEngine):
-        kill_worker_once(engine, "synthesize", monkeypatch)
+        kill_worker_once(engine, "pieces", monkeypatch)
         job = engine.stream()
         job.push_text("Hello there.")
         job.end_text()

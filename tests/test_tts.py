@@ -126,14 +126,64 @@ async def test_push_after_end_is_a_bug(tts_engine):
 
 
 def test_the_voice_sounds_as_piper_loads_it(tts_engine):
-    """The engine builds its voice itself (`onnx_cpu.cpu_session`, `TTS_THREADS`): the
-    audio is sample for sample what piper's own loader gives."""
+    """The engine runs the voice in two parts, a first phrase's decoder in spans with
+    context around each (`models.voice_parts`): the samples are those of piper's own
+    loader, which runs the graph whole, at the engine's gain."""
     from piper import PiperVoice
 
     from models.bundled import BUNDLED
+    from models.tts import FIRST_FRAMES
 
+    assert tts_engine.parts is not None, "the bundled voice splits"
     piper = PiperVoice.load(str(BUNDLED["voice"].locate()))
-    config = tts_engine._syn_config
-    theirs = np.concatenate([c.audio_float_array for c in piper.synthesize(FIRST, config)])
-    ours = np.concatenate([c.audio_float_array for c in tts_engine.voice.synthesize(FIRST, config)])
-    np.testing.assert_allclose(ours, theirs, atol=1e-4)
+    for text in (FIRST, REPLY):
+        pieces = list(tts_engine.pieces(text, FIRST_FRAMES))
+        assert len(pieces) > 2  # the first sentence in spans, then the second
+        ours = np.concatenate([p.audio for p in pieces]).astype(np.int32)
+        raw = np.concatenate([c.audio_float_array for c in piper.synthesize(text, tts_engine._syn_config)])
+        theirs = tts_engine._pcm(raw).astype(np.int32)
+        assert ours.size == theirs.size
+        assert np.abs(ours - theirs).max() <= 100, "within 0.3% of full scale (0.16% measured)"
+
+
+def test_a_first_phrase_comes_in_pieces_with_its_words_first(tts_engine):
+    from models.tts import FIRST_FRAMES
+
+    text = "The capital of France is Paris."
+    pieces = list(tts_engine.pieces(text, FIRST_FRAMES))
+    hop = tts_engine.voice.config.hop_length
+    assert pieces[0].audio.size == FIRST_FRAMES * hop  # 186 ms, decoded alone
+    assert [p.words is not None for p in pieces] == [True] + [False] * (len(pieces) - 1)
+    words = pieces[0].words
+    assert [text[c0:c1] for c0, c1, _, _ in words] == text.split()
+    total = sum(p.audio.size for p in pieces)
+    ends = [0] + [s1 for _, _, _, s1 in words]
+    starts = [s0 for _, _, s0, _ in words]
+    assert all(a <= b for a, b in zip(ends, starts, strict=False)), words  # in order, apart
+    assert ends[-1] <= total
+    # the words' places are the phonemes' frames: "Paris." ends in the phrase's last 250 ms
+    assert total - ends[-1] < tts_engine.sample_rate // 4
+    # later phrases are decoded whole
+    assert len(list(tts_engine.pieces(text))) == 1
+
+
+def test_words_espeak_reads_otherwise_are_estimated(tts_engine):
+    """ "42" is two words to espeak: the phrase's words are estimated over its phonemes."""
+    text = "Call 42 now."
+    words = tts_engine.synthesize(text).words
+    assert [text[c0:c1] for c0, c1, _, _ in words] == ["Call", "42", "now."]
+    assert [w[3] for w in words[:-1]] == [w[2] for w in words[1:]]  # estimates tile the span
+
+
+def test_a_voice_that_does_not_split_runs_whole():
+    from models.bundled import BUNDLED
+    from models.tts import FIRST_FRAMES
+
+    engine = TtsEngine(BUNDLED["voice"].locate(), deterministic=True, split=False)
+    try:
+        assert engine.parts is None
+        pieces = list(engine.pieces(FIRST, FIRST_FRAMES))
+        assert len(pieces) == 1 and pieces[0].words is not None
+        assert [FIRST[c0:c1] for c0, c1, _, _ in pieces[0].words] == FIRST.split()
+    finally:
+        engine.close()
