@@ -54,11 +54,11 @@ class FailingSynthesis:
         self.tried: list[str] = []
         self.on = True
 
-    def __call__(self, text: str, first_frames: int | None = None) -> Any:
+    def __call__(self, text: str, first_frames: int | None = None, stop: Any = None) -> Any:
         self.tried.append(text)
         if self.on and len(self.tried) == 2:
             raise RuntimeError("the voice model failed")
-        return self.real(text, first_frames)
+        return self.real(text, first_frames, stop)
 
 
 async def test_a_tts_exception_ends_the_reply_failed_with_an_error_never_a_hang(engines, monkeypatch):

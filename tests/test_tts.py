@@ -138,7 +138,7 @@ def test_the_voice_sounds_as_piper_loads_it(tts_engine):
     piper = PiperVoice.load(str(BUNDLED["voice"].locate()))
     for text in (FIRST, REPLY):
         pieces = list(tts_engine.pieces(text, FIRST_FRAMES))
-        assert len(pieces) > 2  # the first sentence in spans, then the second
+        assert len(pieces) >= 2  # the first sentence in spans
         ours = np.concatenate([p.audio for p in pieces]).astype(np.int32)
         raw = np.concatenate([c.audio_float_array for c in piper.synthesize(text, tts_engine._syn_config)])
         theirs = tts_engine._pcm(raw).astype(np.int32)
@@ -160,11 +160,25 @@ def test_a_first_phrase_comes_in_pieces_with_its_words_first(tts_engine):
     ends = [0] + [s1 for _, _, _, s1 in words]
     starts = [s0 for _, _, s0, _ in words]
     assert all(a <= b for a, b in zip(ends, starts, strict=False)), words  # in order, apart
+    assert all(s0 < s1 for _, _, s0, s1 in words), words
     assert ends[-1] <= total
     # the words' places are the phonemes' frames: "Paris." ends in the phrase's last 250 ms
     assert total - ends[-1] < tts_engine.sample_rate // 4
     # later phrases are decoded whole
     assert len(list(tts_engine.pieces(text))) == 1
+
+
+def test_a_cut_phrase_stops_decoding(tts_engine):
+    import threading
+
+    from models.tts import FIRST_FRAMES
+
+    stop = threading.Event()
+    pieces = tts_engine.pieces("The capital of France is Paris.", FIRST_FRAMES, stop)
+    first = next(pieces)
+    assert first.audio.size and first.words
+    stop.set()
+    assert list(pieces) == []  # nothing more is decoded
 
 
 def test_words_espeak_reads_otherwise_are_estimated(tts_engine):
