@@ -20,9 +20,8 @@ inside them (a pause counts if it lasted long enough, however long the LLM took:
 upper bound; but the longer wait after unfinished words counts as if the score were
 always in by ``end_of_turn_ms``, as it is at one session: a session with no score yet
 ends the turn then); ``silence_waited_ms``, the silence it waits at the turn's real
-end. And
-``v2v_ms``: voice-to-voice with that policy in one real-time session of ``turns``
-questions (echo on), as ``duplex bench conversation``, with its turns' own silence
+end. And ``v2v_ms``: voice-to-voice with that policy in one real-time session of
+``turns`` questions (echo on), as ``duplex bench conversation``, with its turns' own silence
 waited (``session_silence_waited_ms``, which counts the time the ASR and the LLM took).
 """
 

@@ -204,7 +204,8 @@ class TtsEngine:
     def _words(self, text: str, sentences: list[tuple[list[str], Encoded]]) -> Words:
         """Each word's samples from its phonemes' frames; estimated over the phonemes'
         span where espeak's words are not the text's."""
-        hop, id_map = self.voice.config.hop_length, self.voice.config.phoneme_id_map
+        assert self.parts is not None
+        hop, id_map = self.parts.hop, self.voice.config.phoneme_id_map
         spans: list[tuple[int, int]] = []
         offset = 0
         for phonemes, encoded in sentences:

@@ -130,14 +130,16 @@ def phoneme_spans(
     frames of its ids. piper lays them out as BOS PAD (phoneme PAD)* EOS and drops the
     phonemes its map lacks; a phoneme's span here includes the PAD after it. None if
     the ids do not line up so."""
-    pad = id_map.get("_", [])
+    from piper.const import BOS, EOS, PAD  # piper is imported with the engine, not before
+
+    pad = id_map.get(PAD, [])
     bounds = np.concatenate([[0], np.cumsum(id_frames) * hop])
     spans, at = [], 0
-    for phoneme in itertools.chain(["^"], phonemes, ["$"]):
+    for phoneme in itertools.chain([BOS], phonemes, [EOS]):
         ids = id_map.get(phoneme)
         if ids is None:
             continue
-        width = len(ids) + (len(pad) if phoneme != "$" else 0)
+        width = len(ids) + (len(pad) if phoneme != EOS else 0)
         if at + width > len(id_frames):
             return None
         spans.append((phoneme, int(bounds[at]), int(bounds[at + width])))
