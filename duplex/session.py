@@ -80,6 +80,7 @@ class Session(SessionPort):
         self._interruption: Interruption | None = None
         self._score: tuple[int, float] | None = None  # (the VAD's pause, P(the turn is over) there)
         self._pause_words: tuple[int, str] | None = None  # (the VAD's pause, the words before it)
+        self._judging_ms = 0.0  # how long the LLM's judgements of this caller's pauses take (`_prepare`)
         self._echo_utterance = False  # the utterance in progress is the assistant's echo
         self._utterance_start = 0  # stream position of the caller's speech start
         self._quick_holdoff = 0.0
@@ -593,13 +594,26 @@ class Session(SessionPort):
     async def _prepare(self, pause: int, text: str, times: TurnTimes) -> None:
         """In a pause after ``text``: the LLM says how likely the turn is over after them
         (`_turn_over` acts on it), and the reply to them begins, silently
-        (held), to be released if the turn ends with these words."""
+        (held), to be released if the turn ends with these words.
+
+        A judgement that would come only after the silence has ended the turn anyway
+        (the ASR's final came late in the pause: a slow machine, or a loaded one) is
+        not asked for, and the reply begins at once: it would have waited for nothing.
+        """
         assert self._listener is not None
         c, listener = self.config, self._listener
         interrupting, replying = self._interruption is not None, self._reply is not None
         speculate = policy.should_speculate(c.speculative_replies, c.answer_turns, interrupting, replying)
-        if c.end_of_turn_by_meaning and not interrupting and not replying:
+        judge = c.end_of_turn_by_meaning and not interrupting and not replying
+        if judge and not policy.judgement_in_time(listener.silence_ms, self._judging_ms, c.end_of_turn_ms):
+            judge = False
+            self._judging_ms *= 1 - policy.JUDGING_DECAY
+            log.debug("session %s: this pause is judged by silence alone (its final came late)", self.id)
+        if judge:
+            asked = time.monotonic()
             p = await self._turn_score(text)
+            took_ms = (time.monotonic() - asked) * 1000
+            self._judging_ms = policy.judging_ms(self._judging_ms, took_ms, c.end_of_turn_ms)
             if p is not None and listener.vad.pause == pause:
                 self._score, times.end_of_turn_score = (pause, p), p
                 times.scored = time.monotonic()

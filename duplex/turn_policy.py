@@ -6,7 +6,8 @@ gathers the inputs and acts on the verdicts.
 The rules. The end of the caller's turn is a pause whose length depends on how finished
 the LLM judges the words before it (`silence_to_end`): short after a finished turn
 (``complete_turn_ms``), long after an unfinished one (``unfinished_turn_ms``), else
-``end_of_turn_ms``, the VAD's silence.
+``end_of_turn_ms``, the VAD's silence. Words whose judgement could not come before that
+silence runs out (`judgement_in_time`) are not judged: the reply need not wait for it.
 Speech that starts while the assistant talks is first checked against the echo of what
 was sent (`EchoGate`): echo is ignored, utterance and all. Otherwise
 the reply is paused at once and the interruption is *tentative* (sooner still: a frame
@@ -187,6 +188,30 @@ def silence_to_end(
     if score < unfinished_threshold:
         return max(unfinished_ms, end_ms)
     return end_ms
+
+
+# how much of each new measurement a session's figure for the LLM's judgement takes
+JUDGING_WEIGHT = 0.3
+# how much a judgement not asked for lowers that figure, so that one slow judgement
+# (the machine was busy) does not keep the next ones from being asked
+JUDGING_DECAY = 0.25
+
+
+def judgement_in_time(silence_ms: float, judging_ms: float, end_ms: int) -> bool:
+    """The caller has been silent ``silence_ms`` when their words are ready to judge; the
+    LLM's judgements of late took ``judging_ms``. Could this one come before the silence
+    ends the turn anyway (``end_ms``)? Only then can it change when the turn ends."""
+    return silence_ms + judging_ms < end_ms
+
+
+def judging_ms(figure_ms: float, measured_ms: float, end_ms: int) -> float:
+    """A session's figure for how long the LLM's judgement takes, after one more
+    (an exponentially weighted mean; the first measurement is taken whole). One that
+    took longer than the whole silence ``end_ms`` counts as that long."""
+    measured_ms = min(measured_ms, end_ms)
+    if figure_ms <= 0:
+        return measured_ms
+    return figure_ms + JUDGING_WEIGHT * (measured_ms - figure_ms)
 
 
 def should_speculate(

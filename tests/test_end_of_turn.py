@@ -85,6 +85,31 @@ async def test_a_finished_question_ends_its_turn_well_before_500_ms_of_silence(e
     assert metrics.data["silence_waited_ms"] == 600 and "end_of_turn_score" not in metrics.data
 
 
+async def test_a_pause_the_llm_could_not_judge_in_time_ends_on_silence_with_its_reply_ready(
+    engines, tts_engine
+):
+    """On a machine where the judgement would come only after the silence has ended the
+    turn anyway (the ASR's final late in the pause, the LLM slow), it is not asked for:
+    the reply begins from the final at once, and the silence ends the turn."""
+    question = speech(tts_engine, "What is the capital city of France?")
+    caller = VirtualCaller()
+    session = Session(engines, caller, SessionConfig())
+    await session.start()
+    session._judging_ms = slow = 10_000.0  # as if judgements took longer than any silence
+    try:
+        await caller.play(session, [Silence(0.3), Speak(question), UntilReplyDone(timeout=30, after=0.3)])
+    finally:
+        await session.close()
+    (metrics,) = caller.of_type(ev.METRICS)
+    assert "end_of_turn_score" not in metrics.data and "end_of_turn_score_ms" not in metrics.data
+    assert metrics.data["silence_waited_ms"] == session.config.end_of_turn_ms
+    assert session._judging_ms < slow  # each pause not judged lowers the figure
+    assert "Paris" in "".join(e.data["delta"] for e in caller.of_type(ev.TEXT_DELTA))
+    (turn,) = session.conversation.turns  # the reply prepared in the pause, released: once
+    assert "France" in turn.user_text, turn.user_text
+    nothing_played_before_the_turn_ended(caller)
+
+
 async def test_a_question_over_the_reply_is_judged_and_prepared_in_its_pause(engines, tts_engine):
     """A question said over a story, whose words no partial pass committed before its
     pause (as at 8 sessions, when ASR lags): the pause's speculative final judges it a

@@ -11,6 +11,7 @@ import pytest
 from duplex.events import SessionError
 from duplex.session_config import JUDGED_PAUSE_MS, SessionConfig
 from duplex.turn_policy import (
+    JUDGING_DECAY,
     QUICK_PAUSE_CONFIRM_S,
     QUICK_PAUSE_FLOOR_DB,
     QUICK_PAUSE_OVER_ROOM_DB,
@@ -22,6 +23,8 @@ from duplex.turn_policy import (
     is_backchannel,
     is_echo_of,
     judge_interruption,
+    judgement_in_time,
+    judging_ms,
     quick_pause,
     should_speculate,
     silence_to_end,
@@ -193,6 +196,35 @@ def test_should_speculate(
 )
 def test_silence_to_end(score: float | None, silence_ms: int) -> None:
     assert silence_to_end(score, 500, 200, 0.2, 900, 0.05) == silence_ms
+
+
+@pytest.mark.parametrize(
+    ("silence_ms", "judging", "in_time"),
+    [
+        (200, 50, True),  # a fast machine: the final early in the pause, the judgement soon
+        (420, 110, False),  # 2 AVX2 cores: the final at 420 ms, the judgement 110 ms after it
+        (390, 110, False),  # the judgement would end exactly when the silence does: no use
+        (389, 110, True),
+        (0, 0, True),  # no judgement measured yet: asked for
+        (500, 0, False),  # the silence has ended the turn already
+    ],
+)
+def test_a_judgement_is_asked_for_only_if_it_can_come_before_the_silence_ends_the_turn(
+    silence_ms: float, judging: float, in_time: bool
+) -> None:
+    assert judgement_in_time(silence_ms, judging, 500) is in_time
+
+
+def test_the_judgements_time_is_a_weighted_mean_of_those_measured() -> None:
+    assert judging_ms(0.0, 110.0, 500) == 110.0  # the first is taken whole
+    assert judging_ms(100.0, 200.0, 500) == pytest.approx(130.0)
+    assert judging_ms(100.0, 1500.0, 500) == pytest.approx(220.0)  # at most the whole silence
+    figure = judging_ms(0.0, 1500.0, 500)  # a judgement on a busy machine
+    skipped = 0
+    while not judgement_in_time(400, figure, 500):  # each pause not judged lowers the figure
+        figure *= 1 - JUDGING_DECAY
+        skipped += 1
+    assert figure == pytest.approx(500 * (1 - JUDGING_DECAY) ** skipped) and 1 <= skipped <= 6
 
 
 def test_the_session_settings_choose_the_silence_and_the_vad_ends_after_end_of_turn_ms() -> None:
