@@ -607,7 +607,7 @@ class Session(SessionPort):
         judge = c.end_of_turn_by_meaning and not interrupting and not replying
         if judge and not policy.judgement_in_time(listener.silence_ms, self._judging_ms, c.end_of_turn_ms):
             judge = False
-            self._judging_ms *= 1 - policy.JUDGING_DECAY
+            self._judging_ms = policy.judging_ms(self._judging_ms, None, c.end_of_turn_ms)
             log.debug("session %s: this pause is judged by silence alone (its final came late)", self.id)
         if judge:
             asked = time.monotonic()

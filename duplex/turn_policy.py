@@ -190,11 +190,8 @@ def silence_to_end(
     return end_ms
 
 
-# how much of each new measurement a session's figure for the LLM's judgement takes
-JUDGING_WEIGHT = 0.3
-# how much a judgement not asked for lowers that figure, so that one slow judgement
-# (the machine was busy) does not keep the next ones from being asked
-JUDGING_DECAY = 0.25
+JUDGING_WEIGHT = 0.3  # how much of each new measurement a session's figure takes (`judging_ms`)
+JUDGING_DECAY = 0.25  # how much a pause not judged lowers it
 
 
 def judgement_in_time(silence_ms: float, judging_ms: float, end_ms: int) -> bool:
@@ -204,10 +201,15 @@ def judgement_in_time(silence_ms: float, judging_ms: float, end_ms: int) -> bool
     return silence_ms + judging_ms < end_ms
 
 
-def judging_ms(figure_ms: float, measured_ms: float, end_ms: int) -> float:
+def judging_ms(figure_ms: float, measured_ms: float | None, end_ms: int) -> float:
     """A session's figure for how long the LLM's judgement takes, after one more
     (an exponentially weighted mean; the first measurement is taken whole). One that
-    took longer than the whole silence ``end_ms`` counts as that long."""
+    took longer than the whole silence ``end_ms`` counts as that long. ``measured_ms``
+    None: the pause was not judged (`judgement_in_time`), and the figure is lowered by
+    `JUDGING_DECAY`, so that one slow judgement (the machine was busy) does not keep the
+    next ones from being asked."""
+    if measured_ms is None:
+        return figure_ms * (1 - JUDGING_DECAY)
     measured_ms = min(measured_ms, end_ms)
     if figure_ms <= 0:
         return measured_ms

@@ -222,7 +222,7 @@ def test_the_judgements_time_is_a_weighted_mean_of_those_measured() -> None:
     figure = judging_ms(0.0, 1500.0, 500)  # a judgement on a busy machine
     skipped = 0
     while not judgement_in_time(400, figure, 500):  # each pause not judged lowers the figure
-        figure *= 1 - JUDGING_DECAY
+        figure = judging_ms(figure, None, 500)
         skipped += 1
     assert figure == pytest.approx(500 * (1 - JUDGING_DECAY) ** skipped) and 1 <= skipped <= 6
 
