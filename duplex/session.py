@@ -44,6 +44,7 @@ from duplex.session_config import SessionConfig, check_system_prompt
 from duplex.state import State, StateMachine
 from duplex.transports.port import SessionPort, Sink, Voice
 from duplex.turn import Interruption, TurnTimes, word_times_ms
+from models.asr import AsrClosed
 from models.conversation import MAX_USER_CHARS, Conversation, TurnStats, check_user_text
 from models.listen import Listener, ListenEvent, ListenEventKind
 from models.llm import LlmError
@@ -250,7 +251,10 @@ class Session(SessionPort):
 
     async def transcribe(self, samples: Int16Array) -> str:
         """A whole utterance at 16 kHz (a manual commit), through the ASR worker's queue."""
-        return await self.engines.asr.transcribe_queued(samples)
+        try:
+            return await self.engines.asr.transcribe_queued(samples)
+        except AsrClosed:
+            raise SessionError("shutting_down", "the server is shutting down") from None
 
     def playback(self, stream_position: int) -> None:
         """The transport played the output stream up to this many samples."""

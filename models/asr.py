@@ -74,6 +74,10 @@ def limit_blas_threads() -> None:
     threadpool_limits(limits=1, user_api="blas")
 
 
+class AsrClosed(RuntimeError):
+    """A pass asked of, or left unfinished by, a closed engine (the server is stopping)."""
+
+
 @dataclass(frozen=True)
 class AsrWord:
     text: str
@@ -135,6 +139,7 @@ class AsrEngine:
         self.finals_from_partials = 0  # pauses whose final was the partial pass in flight
         self.busy_s = 0.0  # worker time spent in passes
         self._counter_lock = threading.Lock()
+        self._running: list[_Job] = []  # the passes the workers are running (under the lock)
         self._threads = [self._worker(i) for i in range(workers)]
 
     def _worker(self, i: int) -> threading.Thread:
@@ -160,12 +165,25 @@ class AsrEngine:
     def close(self, timeout: float = 1.0) -> None:
         """Stop the workers after the passes in progress, waiting at most ``timeout`` s
         for them all (a long pass is left to finish in its daemon thread: shutdown must
-        not wait for a 30 s window); idempotent."""
+        not wait for a 30 s window); idempotent. Every pass that will not complete by
+        then, queued or in progress, fails at once: nobody waits on a closed engine."""
+        closed = AsrClosed("the ASR engine is closed")
+        while True:
+            try:
+                item = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            if item[2] is not None:
+                item[2].deliver(closed)
         for _ in self._threads:
             self._jobs.put((-1, next(self._seq), None))
         deadline = time.monotonic() + timeout
         for thread in self._threads:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        with self._counter_lock:
+            running = list(self._running)
+        for job in running:  # a long pass left to finish: its result comes to nobody
+            job.deliver(closed)
 
     # -- passes (worker thread, or any thread for one-shot use) --
 
@@ -325,6 +343,8 @@ class AsrEngine:
             if not jobs:
                 continue
             started = time.perf_counter()
+            with self._counter_lock:
+                self._running.extend(jobs)
             results: list[_Hypothesis | BaseException]
             try:
                 windows = [_Window(j.audio, j.offset, j.prefix, j.previous) for j in jobs]
@@ -345,6 +365,9 @@ class AsrEngine:
                 for job in jobs:
                     job.deliver(RuntimeError("the ASR worker stopped during this pass"))
                 raise
+            finally:
+                with self._counter_lock:
+                    self._running = [j for j in self._running if j not in jobs]
             elapsed = time.perf_counter() - started
             with self._counter_lock:
                 self.passes += len(jobs)

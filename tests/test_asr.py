@@ -201,6 +201,30 @@ async def test_a_queued_transcription_equals_the_one_shot_one(asr_engine, speech
     assert wer([(" ".join(u.text for u in utterances * 2), queued)]) <= 0.3
 
 
+async def test_closing_the_engine_fails_the_passes_it_will_not_finish_at_once():
+    """A transcription of noise in progress and another queued behind it when the engine
+    closes (server shutdown): both awaiting callers get an error at once, not after the
+    passes (seconds of decoding noise on a slow machine)."""
+    from models.asr import AsrClosed, AsrEngine
+    from models.bundled import BUNDLED
+
+    engine = AsrEngine(BUNDLED["asr"].locate())
+    noise = (np.random.default_rng(0).standard_normal(29 * 16000) * 3000).astype(np.int16)
+    running = asyncio.ensure_future(engine.transcribe_queued(noise))
+    queued = asyncio.ensure_future(engine.transcribe_queued(noise))
+    for _ in range(500):  # until the first pass has begun
+        if engine._running:
+            break
+        await asyncio.sleep(0.01)
+    assert engine._running and engine.busy_s == 0, "the first pass did not begin, or already ended"
+    await asyncio.to_thread(engine.close, 0.05)
+    done, _ = await asyncio.wait([running, queued], timeout=0.5)
+    assert done == {running, queued}, "a caller still waits on the closed engine"
+    for task in done:
+        with pytest.raises(AsrClosed):
+            task.result()
+
+
 async def test_passes_waiting_together_are_decoded_together_with_the_same_words(asr_engine, speech_set):
     """Finals of several streams waiting at once share the decoder's steps (one batch,
     `MAX_BATCH` at most), and each gets the words it would have got alone."""
