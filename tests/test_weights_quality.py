@@ -39,6 +39,7 @@ async def test_replies_agree_with_bf16_and_are_english(llm_engine):
             dtype="bfloat16",
             max_model_len=config.max_model_len,
             max_tokens=config.max_tokens,
+            enforce_eager=True,  # a reference: not worth a compile of its own (minutes on 2 cores)
         )
     )
     await reference.start()
