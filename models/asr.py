@@ -30,13 +30,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import os
 import queue
 import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -114,7 +112,6 @@ class AsrEngine:
         cpu_threads: int = 1,
         device: str = "cpu",
         workers: int = 1,
-        final_threads: int = 2,
     ) -> None:
         import ctranslate2
         from faster_whisper import WhisperModel
@@ -133,20 +130,6 @@ class AsrEngine:
             self.model.hf_tokenizer, self.model.model.is_multilingual, task="transcribe", language="en"
         )
         self._prompt = [*self.tokenizer.sot_sequence, self.tokenizer.no_timestamps]
-        # A final pass alone in the queue runs on more threads: it is the turn's critical
-        # path, in the caller's pause, when the other stages mostly wait for it. Measured
-        # (tiny.en, int8, a 2.7 s question, AMD EPYC family 23 model 1, 2 cores, AMX no):
-        # 285-303 ms on one thread, 193-238 ms on two with the machine otherwise idle, but
-        # 277-412 ms on two beside a busy process: passes queued together stay narrow.
-        final_threads = min(final_threads, len(os.sched_getaffinity(0)))
-        self._wide = (
-            ctranslate2.models.Whisper(
-                str(model_path), device=device, compute_type=compute_type, intra_threads=final_threads
-            )
-            if final_threads > cpu_threads
-            else None
-        )
-        self.wide_passes = 0  # finals run on the wide model
         silence = self.model.feature_extractor(np.zeros(WINDOW_S * SAMPLE_RATE, np.float32), padding=0)
         self._silence_states = self._encode(silence[:, : self.model.feature_extractor.nb_max_frames])
         self._jobs: queue.PriorityQueue[tuple[int, int, _Job | None]] = queue.PriorityQueue()
@@ -204,9 +187,9 @@ class AsrEngine:
 
     # -- passes (worker thread, or any thread for one-shot use) --
 
-    def _encode(self, features: npt.NDArray[np.float32], model: Any = None) -> npt.NDArray[np.float32]:
+    def _encode(self, features: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
         view = self._ct2.StorageView.from_array(np.ascontiguousarray(features[None]))
-        return np.array((model or self.model.model).encode(view, to_cpu=True))
+        return np.array(self.model.model.encode(view, to_cpu=True))
 
     def transcribe_window(
         self,
@@ -220,14 +203,12 @@ class AsrEngine:
         (hyp,) = self.transcribe_batch([_Window(audio, offset, prefix, previous or [])])
         return self.with_times(hyp) if word_times and hyp.tokens else hyp
 
-    def transcribe_batch(self, windows: list[_Window], wide: bool = False) -> list[_Hypothesis]:
+    def transcribe_batch(self, windows: list[_Window]) -> list[_Hypothesis]:
         """One pass over each window, decoded together: each encoder output is completed
         to Whisper's 1,500 positions (see above), so they stack into one batch, and the
         decoder's steps are shared. Measured here (tiny.en, int8, one thread, 8 windows of
         2-5 s): 8 passes decoded one by one 713-799 ms, in batches of 4 460-512 ms, with
-        the same tokens. Without word times (`with_times` adds them to one). ``wide``: on
-        the final passes' model of more threads, if there is one (the same weights)."""
-        model = (self._wide if wide else None) or self.model.model
+        the same tokens. Without word times (`with_times` adds them to one)."""
         out = [_Hypothesis([], "")] * len(windows)  # too short or silent: no words
         # CTranslate2 decodes together only prompts whose start-of-transcript token is at
         # the same place: those with as much previous text
@@ -240,7 +221,7 @@ class AsrEngine:
                 np.concatenate([w.audio, np.zeros(TAIL_PAD, np.float32)]), padding=0
             )
             frames = features.shape[-1] - features.shape[-1] % 2
-            encoded = self._encode(features[:, :frames], model)
+            encoded = self._encode(features[:, :frames])
             states = np.concatenate([encoded, self._silence_states[:, encoded.shape[1] :]], axis=1)
             context = self.prompt(w.previous)
             groups.setdefault(len(context), []).append((i, states, context + w.prefix, frames))
@@ -249,7 +230,7 @@ class AsrEngine:
             # CTranslate2 counts the prompt in max_length: without it, a long previous
             # text left no room at all ("The maximum decoding length must be > 0")
             limit = max(len(p) + int(8 * windows[i].audio.size / SAMPLE_RATE) + 16 for i, _, p, _ in group)
-            decoded = model.generate(
+            decoded = self.model.model.generate(
                 self._ct2.StorageView.from_array(batch),
                 [prompt for _, _, prompt, _ in group],
                 beam_size=1,
@@ -362,7 +343,6 @@ class AsrEngine:
             if not jobs:
                 continue
             started = time.perf_counter()
-            wide = self._wide is not None and len(jobs) == 1 and jobs[0].final and self._jobs.empty()
             with self._counter_lock:
                 self._running.extend(jobs)
             results: list[_Hypothesis | BaseException]
@@ -376,7 +356,7 @@ class AsrEngine:
                     self.with_times(h)
                     if h.tokens and (j.word_times if j.final else j.may_commit(h.words))
                     else h
-                    for j, h in zip(jobs, self.transcribe_batch(windows, wide), strict=True)
+                    for j, h in zip(jobs, self.transcribe_batch(windows), strict=True)
                 ]
             except Exception as e:  # a bad pass fails its requests, not the engine
                 log.exception("ASR pass failed (%d windows)", len(jobs))
@@ -390,7 +370,6 @@ class AsrEngine:
                     self._running = [j for j in self._running if j not in jobs]
             elapsed = time.perf_counter() - started
             with self._counter_lock:
-                self.wide_passes += wide
                 self.passes += len(jobs)
                 self.batches += 1
                 self.busy_s += elapsed

@@ -225,23 +225,6 @@ async def test_closing_the_engine_fails_the_passes_it_will_not_finish_at_once():
             task.result()
 
 
-async def test_a_final_pass_alone_runs_on_more_threads_with_the_same_words(asr_engine, speech_set):
-    """A final pass with nothing queued behind it (the caller's pause at one session)
-    runs on the wide model, where the machine has the cores: the same tokens as on one
-    thread."""
-    from audio_io.pcm import pcm16_to_float
-    from models.asr import _Window
-
-    for u in list(speech_set)[:4]:
-        audio = pcm16_to_float(u.audio)
-        (narrow,) = asr_engine.transcribe_batch([_Window(audio, 0, [], [])])
-        (wide,) = asr_engine.transcribe_batch([_Window(audio, 0, [], [])], wide=True)
-        assert wide.tokens == narrow.tokens and wide.text == narrow.text
-    before = asr_engine.wide_passes
-    await asr_engine.transcribe_queued(list(speech_set)[0].audio)
-    assert asr_engine.wide_passes == before + (asr_engine._wide is not None)
-
-
 async def test_passes_waiting_together_are_decoded_together_with_the_same_words(asr_engine, speech_set):
     """Finals of several streams waiting at once share the decoder's steps (one batch,
     `MAX_BATCH` at most), and each gets the words it would have got alone."""
