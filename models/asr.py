@@ -139,7 +139,7 @@ class AsrEngine:
         self.finals_from_partials = 0  # pauses whose final was the partial pass in flight
         self.busy_s = 0.0  # worker time spent in passes
         self._counter_lock = threading.Lock()
-        self._running: list[_Job] = []  # the passes the workers are running (under the lock)
+        self._running: set[_Job] = set()  # the passes the workers are running (under the lock)
         self._threads = [self._worker(i) for i in range(workers)]
 
     def _worker(self, i: int) -> threading.Thread:
@@ -344,7 +344,7 @@ class AsrEngine:
                 continue
             started = time.perf_counter()
             with self._counter_lock:
-                self._running.extend(jobs)
+                self._running.update(jobs)
             results: list[_Hypothesis | BaseException]
             try:
                 windows = [_Window(j.audio, j.offset, j.prefix, j.previous) for j in jobs]
@@ -367,7 +367,7 @@ class AsrEngine:
                 raise
             finally:
                 with self._counter_lock:
-                    self._running = [j for j in self._running if j not in jobs]
+                    self._running.difference_update(jobs)
             elapsed = time.perf_counter() - started
             with self._counter_lock:
                 self.passes += len(jobs)
