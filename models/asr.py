@@ -9,6 +9,8 @@ decoder then sees what it was trained on: speech followed by silence. Measured h
 did not work: truncating the encoder output to the audio (or to audio plus 5-15 s of
 silence states) makes the decoder loop ("What time is it? What time is it? ...") on
 short utterances; only the full 1,500 positions were reliable on our test phrases.
+The decoder is our own (`models.whisper_decoder`): the silence positions' share of its
+cross-attention is computed once, not on every pass as CTranslate2's decoder does.
 
 While the caller speaks, a partial pass runs every ``partial_interval`` of new audio
 (none starts in a pause the VAD announced: the speculative final has the words).
@@ -42,6 +44,7 @@ import numpy.typing as npt
 from audio_io.pcm import RUNTIME_RATE, pcm16_to_float
 from models.agreement import HypWord, LocalAgreement, word_key
 from models.handoff import resolve_from_thread
+from models.whisper_decoder import WhisperDecoder
 
 log = logging.getLogger("duplex.asr")
 
@@ -100,7 +103,7 @@ class _Hypothesis:
     text: str
     tokens: list[int] = field(default_factory=list)
     offset: int = 0
-    encoder_output: object = None  # kept so that word times can be added later
+    encoded: npt.NDArray[np.float32] | None = None  # the audio's encoder states, for word times
     frames: int = 0
 
 
@@ -132,6 +135,15 @@ class AsrEngine:
         self._prompt = [*self.tokenizer.sot_sequence, self.tokenizer.no_timestamps]
         silence = self.model.feature_extractor(np.zeros(WINDOW_S * SAMPLE_RATE, np.float32), padding=0)
         self._silence_states = self._encode(silence[:, : self.model.feature_extractor.nb_max_frames])
+        tokenizer = self.tokenizer
+        self.decoder = WhisperDecoder(
+            Path(model_path),
+            self._silence_states,
+            eot=tokenizer.eot,
+            no_timestamps=tokenizer.no_timestamps,
+            sot=tokenizer.sot,
+            no_speech=tokenizer.no_speech,
+        )
         self._jobs: queue.PriorityQueue[tuple[int, int, _Job | None]] = queue.PriorityQueue()
         self._seq = itertools.count()
         self.passes = 0
@@ -204,15 +216,13 @@ class AsrEngine:
         return self.with_times(hyp) if word_times and hyp.tokens else hyp
 
     def transcribe_batch(self, windows: list[_Window]) -> list[_Hypothesis]:
-        """One pass over each window, decoded together: each encoder output is completed
-        to Whisper's 1,500 positions (see above), so they stack into one batch, and the
-        decoder's steps are shared. Measured here (tiny.en, int8, one thread, 8 windows of
-        2-5 s): 8 passes decoded one by one 713-799 ms, in batches of 4 460-512 ms, with
-        the same tokens. Without word times (`with_times` adds them to one)."""
+        """One pass over each window, decoded together (`WhisperDecoder`: the steps'
+        weights are read once for all). Measured with CTranslate2's decoder (tiny.en,
+        int8, one thread, 8 windows of 2-5 s; AMD EPYC Zen 4): 8 passes one by one
+        713-799 ms, in batches of 4 460-512 ms, with the same tokens. Without word times
+        (`with_times` adds them to one)."""
         out = [_Hypothesis([], "")] * len(windows)  # too short or silent: no words
-        # CTranslate2 decodes together only prompts whose start-of-transcript token is at
-        # the same place: those with as much previous text
-        groups: dict[int, list[tuple[int, npt.NDArray[np.float32], list[int], int]]] = {}
+        passes: list[tuple[int, npt.NDArray[np.float32], list[int], int]] = []
         for i, w in enumerate(windows):
             assert w.audio.size <= (WINDOW_S * SAMPLE_RATE) - TAIL_PAD, "window longer than Whisper's 30 s"
             if w.audio.size < SAMPLE_RATE // 10 or not np.any(w.audio):
@@ -221,30 +231,24 @@ class AsrEngine:
                 np.concatenate([w.audio, np.zeros(TAIL_PAD, np.float32)]), padding=0
             )
             frames = features.shape[-1] - features.shape[-1] % 2
-            encoded = self._encode(features[:, :frames])
-            states = np.concatenate([encoded, self._silence_states[:, encoded.shape[1] :]], axis=1)
-            context = self.prompt(w.previous)
-            groups.setdefault(len(context), []).append((i, states, context + w.prefix, frames))
-        for group in groups.values():
-            batch = np.ascontiguousarray(np.concatenate([states for _, states, _, _ in group], axis=0))
-            # CTranslate2 counts the prompt in max_length: without it, a long previous
-            # text left no room at all ("The maximum decoding length must be > 0")
-            limit = max(len(p) + int(8 * windows[i].audio.size / SAMPLE_RATE) + 16 for i, _, p, _ in group)
-            decoded = self.model.model.generate(
-                self._ct2.StorageView.from_array(batch),
-                [prompt for _, _, prompt, _ in group],
-                beam_size=1,
-                max_length=min(MAX_DECODE_TOKENS, limit),
-                return_no_speech_prob=True,
-            )
-            for (i, states, _, frames), result in zip(group, decoded, strict=True):
-                if not windows[i].prefix and result.no_speech_prob > NO_SPEECH_THRESHOLD:
-                    continue
-                tokens = [t for t in result.sequences_ids[0] if t < self.tokenizer.eot]
-                text = self.tokenizer.decode(tokens).strip()
-                encoder_output = self._ct2.StorageView.from_array(states)
-                hyp = _Hypothesis([], text, tokens, windows[i].offset, encoder_output, frames)
-                out[i] = replace(hyp, words=self._words(hyp, times=False))
+            encoded = self._encode(features[:, :frames])[0]
+            passes.append((i, encoded, self.prompt(w.previous) + w.prefix, frames))
+        if not passes:
+            return out
+        # max_length counts the prompt, as CTranslate2's (a long previous text without it left no room at all)
+        decoded = self.decoder.generate(
+            [
+                (e, p, min(MAX_DECODE_TOKENS, len(p) + int(8 * windows[i].audio.size / SAMPLE_RATE) + 16))
+                for i, e, p, _ in passes
+            ]
+        )
+        for (i, encoded, _, frames), result in zip(passes, decoded, strict=True):
+            if not windows[i].prefix and result.no_speech_prob > NO_SPEECH_THRESHOLD:
+                continue
+            tokens = [t for t in result.tokens if t < self.tokenizer.eot]
+            text = self.tokenizer.decode(tokens).strip()
+            hyp = _Hypothesis([], text, tokens, windows[i].offset, encoded, frames)
+            out[i] = replace(hyp, words=self._words(hyp, times=False))
         return out
 
     def prompt(self, previous: list[int]) -> list[int]:
@@ -261,7 +265,11 @@ class AsrEngine:
         if not tokens:
             return []
         if times:
-            aligned = self.model.find_alignment(self.tokenizer, [tokens], hyp.encoder_output, hyp.frames)[0]
+            assert hyp.encoded is not None
+            silence = self._silence_states[:, hyp.encoded.shape[0] :]
+            states = np.ascontiguousarray(np.concatenate([hyp.encoded[None], silence], axis=1))
+            encoder_output = self._ct2.StorageView.from_array(states)
+            aligned = self.model.find_alignment(self.tokenizer, [tokens], encoder_output, hyp.frames)[0]
             spans = [(w["word"], tuple(w["tokens"]), w["start"], w["end"]) for w in aligned]
         else:
             texts, word_tokens = self.tokenizer.split_to_word_tokens(tokens + [self.tokenizer.eot])

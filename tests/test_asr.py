@@ -242,8 +242,7 @@ async def test_passes_waiting_together_are_decoded_together_with_the_same_words(
 
 def test_windows_with_different_prompts_decode_together_as_alone(asr_engine, speech_set):
     """Windows with and without previous text, or with a committed prefix, in one call:
-    CTranslate2 batches only prompts whose start of transcript is at the same place, so
-    they are grouped by it; each gets the words it gets alone."""
+    each gets the words it gets alone."""
     from models.asr import _Window
 
     tokens = asr_engine.tokenizer.encode(" Earlier words were said here.")

@@ -1,0 +1,91 @@
+"""`WhisperDecoder` against CTranslate2's own decoder, on the bundled tiny.en and our TTS's speech."""
+
+import numpy as np
+import pytest
+
+from models.asr import SAMPLE_RATE, TAIL_PAD
+
+
+@pytest.fixture(scope="module")
+def reference(asr_engine):
+    """CTranslate2's Whisper on the same weights, computing in float32 as ours does."""
+    from faster_whisper import WhisperModel
+
+    from models.bundled import BUNDLED
+
+    return WhisperModel(str(BUNDLED["asr"].locate()), compute_type="float32", cpu_threads=1)
+
+
+def encoded(asr_engine, audio: np.ndarray) -> np.ndarray:
+    pcm = audio.astype(np.float32) / 32768 if audio.dtype == np.int16 else audio
+    padded = np.concatenate([pcm, np.zeros(TAIL_PAD, np.float32)])
+    features = asr_engine.model.feature_extractor(padded, padding=0)
+    return asr_engine._encode(features[:, : features.shape[-1] - features.shape[-1] % 2])[0]
+
+
+def theirs(asr_engine, reference, states: np.ndarray, prompt: list[int], max_length: int):
+    full = np.concatenate([states[None], asr_engine._silence_states[:, states.shape[0] :]], axis=1)
+    view = asr_engine._ct2.StorageView.from_array(np.ascontiguousarray(full))
+    (result,) = reference.model.generate(
+        view, [prompt], beam_size=1, max_length=max_length, return_no_speech_prob=True
+    )
+    return [t for t in result.sequences_ids[0] if t < asr_engine.tokenizer.eot], result.no_speech_prob
+
+
+def limit(prompt: list[int], audio: np.ndarray) -> int:
+    return len(prompt) + int(8 * audio.size / SAMPLE_RATE) + 16
+
+
+def test_it_decodes_what_ctranslate2_decodes(asr_engine, reference, speech_set):
+    """The same tokens and no-speech probability, with and without previous text and a
+    forced prefix, one window at a time and all together."""
+    tokenizer = asr_engine.tokenizer
+    previous = tokenizer.encode(" We spoke about the weather earlier.")
+    cases = []
+    for i, utterance in enumerate(list(speech_set)[:8]):
+        states = encoded(asr_engine, utterance.audio)
+        prompt = asr_engine.prompt(previous if i % 2 else [])
+        plain, _ = theirs(asr_engine, reference, states, prompt, limit(prompt, utterance.audio))
+        prompt += plain[: i % 4]  # a committed prefix of 0-3 tokens
+        cases.append((states, prompt, limit(prompt, utterance.audio)))
+    expected = [theirs(asr_engine, reference, *case) for case in cases]
+    alone = [asr_engine.decoder.generate([case])[0] for case in cases]
+    together = asr_engine.decoder.generate(cases)
+    assert len(expected) == 8 and all(tokens for tokens, _ in expected)
+    for (tokens, no_speech), one, batched in zip(expected, alone, together, strict=True):
+        assert one.tokens == tokens, (tokenizer.decode(one.tokens), tokenizer.decode(tokens))
+        assert batched.tokens == tokens
+        assert one.no_speech_prob == pytest.approx(no_speech, abs=2e-3)
+
+
+def test_it_stops_where_ctranslate2_stops(asr_engine, reference, speech_set):
+    """``max_length`` counts as CTranslate2 counts it (the prompt, then half of it at most
+    for new tokens), so a short limit cuts the text at the same token."""
+    audio = max(speech_set, key=lambda u: u.audio.size).audio
+    states = encoded(asr_engine, audio)
+    prompt = asr_engine.prompt([])
+    for max_length in (6, 9, 14):
+        tokens, _ = theirs(asr_engine, reference, states, prompt, max_length)
+        assert asr_engine.decoder.generate([(states, prompt, max_length)])[0].tokens == tokens
+        assert len(tokens) < len(theirs(asr_engine, reference, states, prompt, 60)[0])
+
+
+def test_silence_is_no_speech_as_ctranslate2_says(asr_engine, reference):
+    noise = np.random.default_rng(7).normal(0, 30, SAMPLE_RATE * 2).astype(np.int16)
+    states = encoded(asr_engine, noise)
+    prompt = asr_engine.prompt([])
+    _, no_speech = theirs(asr_engine, reference, states, prompt, 40)
+    ours = asr_engine.decoder.generate([(states, prompt, 40)])[0]
+    assert ours.no_speech_prob == pytest.approx(no_speech, abs=2e-3)
+    assert ours.no_speech_prob > 0.6  # the pass's threshold: this is dropped as silence
+
+
+def test_impossible_windows_are_refused(asr_engine):
+    prompt = asr_engine.prompt([])
+    too_long = np.zeros((1501, asr_engine.decoder.width), np.float32)
+    with pytest.raises(ValueError, match="encoder positions"):
+        asr_engine.decoder.generate([(too_long, prompt, 40)])
+    with pytest.raises(ValueError, match="no step"):
+        asr_engine.decoder.generate([(too_long[:10], prompt, 1)])
+    with pytest.raises(ValueError, match="no step"):  # past Whisper's 448 positions
+        asr_engine.decoder.generate([(too_long[:10], prompt + [220] * 446, 1000)])
