@@ -76,6 +76,18 @@ def read_ct2_weights(path: Path) -> dict[str, npt.NDArray[np.generic]]:
     return out
 
 
+def as_float32(weights: dict[str, npt.NDArray[np.generic]], name: str) -> Array:
+    """A variable of `read_ct2_weights` in float32, whatever the model was converted to:
+    float16 or float32, bfloat16 (kept as uint16), or int8/int16 with its ``_scale``."""
+    value = weights[name]
+    if value.dtype == np.uint16:  # bfloat16: the high half of a float32
+        value = (value.astype(np.uint32) << 16).view(np.float32)
+    if name + "_scale" in weights:  # CTranslate2 stores round(w * scale), per row for int8
+        scale = np.asarray(weights[name + "_scale"], np.float32)
+        value = value.astype(np.float32) / (scale[:, None] if scale.ndim else scale)
+    return np.ascontiguousarray(value, np.float32)
+
+
 @dataclass(frozen=True)
 class Decoded:
     tokens: list[int]  # the prefix and the decoded tokens, without the end of text
@@ -161,7 +173,7 @@ class WhisperDecoder:
             raise ValueError(f"{model_dir}: not a Whisper decoder this code computes")
 
         def f32(name: str) -> Array:
-            return np.ascontiguousarray(weights[name], np.float32)
+            return as_float32(weights, name)
 
         def linear(name: str) -> tuple[Array, Array]:
             return np.ascontiguousarray(f32(name + "/weight").T), f32(name + "/bias")

@@ -89,3 +89,22 @@ def test_impossible_windows_are_refused(asr_engine):
         asr_engine.decoder.generate([(too_long[:10], prompt, 1)])
     with pytest.raises(ValueError, match="no step"):  # past Whisper's 448 positions
         asr_engine.decoder.generate([(too_long[:10], prompt + [220] * 446, 1000)])
+
+
+def test_weights_of_any_conversion_read_as_float32():
+    """float16 as shipped, and what `ct2-transformers-converter --quantization` writes:
+    bfloat16, and int8 with a scale per row (round(w * 127 / max|row|))."""
+    from models.whisper_decoder import as_float32
+
+    w = np.random.default_rng(3).normal(0, 0.05, (6, 8)).astype(np.float32)
+    scale = (127 / np.abs(w).max(axis=1)).astype(np.float32)
+    weights = {
+        "half": w.astype(np.float16),
+        "bf16": (w.view(np.uint32) >> 16).astype(np.uint16),
+        "q": np.rint(w * scale[:, None]).astype(np.int8),
+        "q_scale": scale,
+    }
+    assert np.allclose(as_float32(weights, "half"), w, atol=1e-4)
+    assert np.allclose(as_float32(weights, "bf16"), w, rtol=1e-2, atol=1e-6)
+    assert np.allclose(as_float32(weights, "q"), w, atol=float((0.5 / scale).max()) + 1e-7)
+    assert as_float32(weights, "q").dtype == np.float32
