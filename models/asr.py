@@ -215,6 +215,20 @@ class AsrEngine:
         (hyp,) = self.transcribe_batch([_Window(audio, offset, prefix, previous or [])])
         return self.with_times(hyp) if word_times and hyp.tokens else hyp
 
+    def encode_audio(self, audio: npt.NDArray[np.float32]) -> tuple[npt.NDArray[np.float32], int]:
+        """The encoder states of the audio alone (with `TAIL_PAD` of silence), and its feature frames."""
+        features = self.model.feature_extractor(
+            np.concatenate([audio, np.zeros(TAIL_PAD, np.float32)]), padding=0
+        )
+        frames = features.shape[-1] - features.shape[-1] % 2
+        return self._encode(features[:, :frames])[0], frames
+
+    def completed(self, encoded: npt.NDArray[np.float32]) -> object:
+        """The audio's encoder states completed to Whisper's 1,500 positions with the
+        silence's, as CTranslate2 takes them."""
+        states = np.concatenate([encoded[None], self._silence_states[:, encoded.shape[0] :]], axis=1)
+        return self._ct2.StorageView.from_array(np.ascontiguousarray(states))
+
     def transcribe_batch(self, windows: list[_Window]) -> list[_Hypothesis]:
         """One pass over each window, decoded together (`WhisperDecoder`: the steps'
         weights are read once for all). Measured with CTranslate2's decoder (tiny.en,
@@ -227,11 +241,7 @@ class AsrEngine:
             assert w.audio.size <= (WINDOW_S * SAMPLE_RATE) - TAIL_PAD, "window longer than Whisper's 30 s"
             if w.audio.size < SAMPLE_RATE // 10 or not np.any(w.audio):
                 continue
-            features = self.model.feature_extractor(
-                np.concatenate([w.audio, np.zeros(TAIL_PAD, np.float32)]), padding=0
-            )
-            frames = features.shape[-1] - features.shape[-1] % 2
-            encoded = self._encode(features[:, :frames])[0]
+            encoded, frames = self.encode_audio(w.audio)
             passes.append((i, encoded, self.prompt(w.previous) + w.prefix, frames))
         if not passes:
             return out
@@ -266,10 +276,9 @@ class AsrEngine:
             return []
         if times:
             assert hyp.encoded is not None
-            silence = self._silence_states[:, hyp.encoded.shape[0] :]
-            states = np.ascontiguousarray(np.concatenate([hyp.encoded[None], silence], axis=1))
-            encoder_output = self._ct2.StorageView.from_array(states)
-            aligned = self.model.find_alignment(self.tokenizer, [tokens], encoder_output, hyp.frames)[0]
+            aligned = self.model.find_alignment(
+                self.tokenizer, [tokens], self.completed(hyp.encoded), hyp.frames
+            )[0]
             spans = [(w["word"], tuple(w["tokens"]), w["start"], w["end"]) for w in aligned]
         else:
             texts, word_tokens = self.tokenizer.split_to_word_tokens(tokens + [self.tokenizer.eot])

@@ -154,6 +154,8 @@ class _Row:
         self.tokens: list[int] = []
         self.free_steps = 0
         self.done = False
+        self.hidden: Array = np.empty(0, np.float32)  # the last position's output, for the next token
+        self.no_speech_prob = 0.0
 
 
 class WhisperDecoder:
@@ -209,6 +211,7 @@ class WhisperDecoder:
         self.eot, self.no_timestamps, self.sot, self.no_speech = eot, no_timestamps, sot, no_speech
         self.suppress = np.array(config["suppress_ids"], np.int64)
         self.suppress_begin = np.array(config["suppress_ids_begin"], np.int64)
+        self.window = silence_states.shape[1]  # Whisper's 1,500 encoder positions
         self.silence = [self._cross(layer, silence_states[0]) for layer in self.layers]
 
     def _cross(self, layer: _Layer, states: Array) -> tuple[Array, Array]:
@@ -223,11 +226,9 @@ class WhisperDecoder:
         transcript, the task tokens up to ``<|notimestamps|>``, then the prefix the result
         continues; ``max_length`` counts as CTranslate2 counts it."""
         rows: list[_Row] = []
-        hidden: list[Array] = []
-        no_speech: list[float] = []
         for encoded, prompt, max_length in windows:
             n = encoded.shape[0]
-            if n > self.silence[0][0].shape[1]:
+            if n > self.window:
                 raise ValueError(f"{n} encoder positions, more than Whisper's window")
             cross = []
             for layer, (silent_k, silent_v) in zip(self.layers, self.silence, strict=True):
@@ -245,24 +246,20 @@ class WhisperDecoder:
             row.tokens = list(prompt[start + 1 :])
             row.free_steps = steps
             out = self._forward(self._embed(prompt, 0), [row], prompt_rows=True)
-            hidden.append(out[-1:])
-            logits = self._logits(out[prompt.index(self.sot) : prompt.index(self.sot) + 1])
-            no_speech.append(float(_softmax(logits)[0, self.no_speech]))
+            row.hidden = out[-1:]
+            sot = prompt.index(self.sot)
+            row.no_speech_prob = float(_softmax(self._logits(out[sot : sot + 1]))[0, self.no_speech])
             rows.append(row)
         first = True
-        while True:
-            live = [i for i, row in enumerate(rows) if not row.done]
-            if not live:
-                break
-            logits = self._logits(np.concatenate([hidden[i] for i in live]))
+        while live := [row for row in rows if not row.done]:
+            logits = self._logits(np.concatenate([row.hidden for row in live]))
             logits[:, self.suppress] = -np.inf
             if first:
                 logits[:, self.suppress_begin] = -np.inf
                 first = False
             best = logits.argmax(-1)
             step_rows: list[_Row] = []
-            for i, token in zip(live, best.tolist(), strict=True):
-                row = rows[i]
+            for row, token in zip(live, best.tolist(), strict=True):
                 row.free_steps -= 1
                 if token == self.eot:
                     row.done = True
@@ -276,11 +273,9 @@ class WhisperDecoder:
                 break
             x = np.concatenate([self._embed([r.tokens[-1]], r.length) for r in step_rows])
             out = self._forward(x, step_rows, prompt_rows=False)
-            stepped = iter(out)
-            for i in live:
-                if not rows[i].done:
-                    hidden[i] = next(stepped)[None]
-        return [Decoded(r.tokens, p) for r, p in zip(rows, no_speech, strict=True)]
+            for row, hidden in zip(step_rows, out, strict=True):
+                row.hidden = hidden[None]
+        return [Decoded(row.tokens, row.no_speech_prob) for row in rows]
 
     def _embed(self, tokens: list[int], position: int) -> Array:
         out: Array = self.unembed[:, tokens].T + self.positions[position : position + len(tokens)]

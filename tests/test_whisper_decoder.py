@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from models.asr import SAMPLE_RATE, TAIL_PAD
+from models.asr import SAMPLE_RATE
 
 
 @pytest.fixture(scope="module")
@@ -18,16 +18,12 @@ def reference(asr_engine):
 
 def encoded(asr_engine, audio: np.ndarray) -> np.ndarray:
     pcm = audio.astype(np.float32) / 32768 if audio.dtype == np.int16 else audio
-    padded = np.concatenate([pcm, np.zeros(TAIL_PAD, np.float32)])
-    features = asr_engine.model.feature_extractor(padded, padding=0)
-    return asr_engine._encode(features[:, : features.shape[-1] - features.shape[-1] % 2])[0]
+    return asr_engine.encode_audio(pcm)[0]
 
 
 def theirs(asr_engine, reference, states: np.ndarray, prompt: list[int], max_length: int):
-    full = np.concatenate([states[None], asr_engine._silence_states[:, states.shape[0] :]], axis=1)
-    view = asr_engine._ct2.StorageView.from_array(np.ascontiguousarray(full))
     (result,) = reference.model.generate(
-        view, [prompt], beam_size=1, max_length=max_length, return_no_speech_prob=True
+        asr_engine.completed(states), [prompt], beam_size=1, max_length=max_length, return_no_speech_prob=True
     )
     return [t for t in result.sequences_ids[0] if t < asr_engine.tokenizer.eot], result.no_speech_prob
 
