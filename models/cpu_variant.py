@@ -5,15 +5,20 @@ vLLM's CPU kernels depend on the instructions the CPU has, and so does which var
 fastest, or even right: on a Xeon with AMX, int8 weights (SGL's AMX kernels) decode 3.4x
 faster than float32 eager; on an AMD EPYC without AMX, compiled int8 is faster still but
 loses a fact, and bfloat16 is the fastest right one (1.8x float32), while float16, as
-fast in decode, prefills 9x slower. ``duplex bench ar-variants`` measures every variant;
-`MEASURED` keeps, for each kind of CPU measured so far, the variants found correct there,
-fastest first (docs/performance.md has the figures). A CPU's kind is read from the flags
+fast in decode, prefills 9x slower; on AVX2 alone, float32 is the fastest (bfloat16
+prefills ~6x slower there, int8 decodes at half the speed and loses a fact).
+``duplex bench ar-variants`` measures every variant; `MEASURED` keeps, for each kind of
+CPU measured so far, the variants found correct there, fastest first (docs/performance.md
+has the figures). A CPU's kind is read from the flags
 that decide vLLM's kernels, never guessed from a model name:
 
     amx          amx_tile, amx_int8, amx_bf16 (Intel Sapphire Rapids and later)
     avx512_bf16  avx512f, avx512_bf16 and avx512_vnni, without AMX (e.g. AMD Zen 4)
-    other        anything else: not measured, so only the variant known to be right
-                 everywhere (full weights, float32) is offered
+    avx2         avx2 and fma without AVX-512 (e.g. AMD Zen 1-3): vLLM loads its
+                 ``_C_AVX2`` kernels exactly there
+    other        anything else (AVX-512 without BF16, no AVX2, not x86): not measured,
+                 so only the variant known to be right everywhere (full weights,
+                 float32) is offered
 
 What the user fixes (``--llm-quantization``, ``--llm-dtype``, ``--llm-execution``) is
 kept; ``auto`` parts take the fastest measured variant that agrees with it. Read without
@@ -94,6 +99,11 @@ MEASURED: dict[str, tuple[LlmVariant, ...]] = {
             ),
         )
     ),
+    # AMD EPYC (Zen 1: AVX2 and FMA, no AVX-512), 2026-12-04: float32 compiled (decode
+    # 17.9 tok/s, TTFT 40/400 259/2,371 ms), float32 eager 0.88 (13.6 tok/s), bf16
+    # compiled 0.28 (15.1 tok/s, but TTFT 1.5/15.1 s: no bf16 instructions). Wrong
+    # there: int8 compiled (0.59, 7.4 tok/s); int8 eager, int4, float16 not measured.
+    "avx2": tuple(map(_v, ("none-float32-compiled", "none-float32-eager", "none-bfloat16-compiled"))),
 }
 SAFE = LlmVariant("none", "float32", "compiled")  # right wherever vLLM's CPU backend runs
 
@@ -124,6 +134,8 @@ def cpu_kind(flags: frozenset[str] | None = None) -> str:
         return "amx"
     if {"avx512f", "avx512_bf16", "avx512_vnni"} <= flags:
         return "avx512_bf16"
+    if {"avx2", "fma"} <= flags and "avx512f" not in flags:
+        return "avx2"
     return "other"
 
 
