@@ -32,12 +32,13 @@ Measure = Callable[["Config", argparse.Namespace], dict[str, Any]]
 Plot = Callable[[dict[str, Any]], None]
 
 
-def percentiles(values: list[float]) -> dict[str, float | int | None]:
+def percentiles(values: list[float], digits: int = 1) -> dict[str, float | int | None]:
+    """p50, p95 and n, rounded to ``digits`` (milliseconds: 1; a probability needs more)."""
     if not values:
         return {"p50": None, "p95": None, "n": 0}
     return {
-        "p50": round(float(np.percentile(values, 50)), 1),
-        "p95": round(float(np.percentile(values, 95)), 1),
+        "p50": round(float(np.percentile(values, 50)), digits),
+        "p95": round(float(np.percentile(values, 95)), digits),
         "n": len(values),
     }
 

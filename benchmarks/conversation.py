@@ -279,9 +279,11 @@ def _end_of_turn(results: list[dict[str, Any]]) -> dict[str, Any]:
     """How the turns ended: the silence waited and the LLM's score, from the sessions'
     own per-turn metrics."""
     turns = [b for r in results for b in r["breakdowns"] if "silence_waited_ms" in b]
+    scores = [b["end_of_turn_score"] for b in turns if "end_of_turn_score" in b]
     return {
         "silence_waited_ms": percentiles([b["silence_waited_ms"] for b in turns]),
-        "score": percentiles([b["end_of_turn_score"] for b in turns if "end_of_turn_score" in b]),
+        "score": percentiles(scores, digits=3),  # P(the turn is over): 0.94 is not 1.0
+        "scores": sorted(scores),
     }
 
 

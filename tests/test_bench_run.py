@@ -226,3 +226,14 @@ def test_an_audio_gap_counts_only_where_no_caller_voice_paused_the_reply():
     assert _audio_gaps(caller) == 2
     caller.voice_spans = [(3.3, 3.5)]  # the caller spoke in the second: it paused the reply
     assert _audio_gaps(caller) == 1
+
+
+def test_end_of_turn_scores_are_reported_as_probabilities_not_rounded_to_a_tenth():
+    from benchmarks.conversation import _end_of_turn
+
+    turns = [{"silence_waited_ms": 300.0, "end_of_turn_score": p} for p in (0.9437, 0.9855, 0.0428)]
+    turns.append({"silence_waited_ms": 500.0})  # a turn not judged
+    summary = _end_of_turn([{"breakdowns": turns}])
+    assert summary["score"] == {"p50": 0.944, "p95": 0.981, "n": 3}
+    assert summary["scores"] == [0.0428, 0.9437, 0.9855]
+    assert summary["silence_waited_ms"]["n"] == 4
