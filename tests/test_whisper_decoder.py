@@ -104,3 +104,17 @@ def test_weights_of_any_conversion_read_as_float32():
     assert np.allclose(as_float32(weights, "bf16"), w, rtol=1e-2, atol=1e-6)
     assert np.allclose(as_float32(weights, "q"), w, atol=float((0.5 / scale).max()) + 1e-7)
     assert as_float32(weights, "q").dtype == np.float32
+
+
+def test_a_few_rows_are_multiplied_row_by_row_with_the_same_result():
+    from models.whisper_decoder import ROW_BY_ROW, _product
+
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((384, 1152)).astype(np.float32)
+    sizes = range(1, ROW_BY_ROW + 3)
+    for m in sizes:
+        x = rng.standard_normal((m, 384)).astype(np.float32)
+        out = _product(x, w)
+        assert out.shape == (m, 1152) and out.dtype == np.float32
+        np.testing.assert_allclose(out, x @ w, rtol=1e-5, atol=1e-4)
+    assert len(sizes) > ROW_BY_ROW  # both ways were taken
