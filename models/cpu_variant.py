@@ -9,8 +9,8 @@ fast in decode, prefills 9x slower; on AVX2 alone, float32 is the fastest (bfloa
 prefills ~6x slower there, int8 decodes at half the speed and loses a fact).
 ``duplex bench ar-variants`` measures every variant; `MEASURED` keeps, for each kind of
 CPU measured so far, the variants found correct there, fastest first (docs/performance.md
-has the figures). A CPU's kind is read from the flags
-that decide vLLM's kernels, never guessed from a model name:
+has the figures). A CPU's kind is read from the flags that decide vLLM's kernels, never
+guessed from a model name:
 
     amx          amx_tile, amx_int8, amx_bf16 (Intel Sapphire Rapids and later)
     avx512_bf16  avx512f, avx512_bf16 and avx512_vnni, without AMX (e.g. AMD Zen 4)
