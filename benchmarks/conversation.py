@@ -1,7 +1,8 @@
 """``duplex bench conversation``: scripted conversations through whole sessions, in real time.
 
 Each session is a `VirtualCaller` whose microphone also picks up the assistant's voice
-at -20 dB, 40-250 ms late (a speakerphone without echo cancellation). Its script:
+at -20 dB, 40-250 ms late, through a small room (RT60 0.15 s): a speakerphone without
+echo cancellation (the service's own is on unless ``--session-config`` turns it off). Its script:
 
     ask A ─ reply ─ { ask for a story ─ interrupt after 1.0-1.6 s of it ─ reply } ─ ask C ─ reply
 
@@ -18,7 +19,7 @@ of onset, in the bundled voice and in real people's), each session from another 
   ``inexact_samples`` names the others (what was heard, what was kept).
 - ``audio_gaps``: silences of over 100 ms inside a reply that no caller voice paused
   (its audio ran out: TTS fell behind).
-- ``self_interruptions``: pauses or cuts of a reply that no caller voice came over (echo),
+- ``self_interruptions``: pauses or cuts of a reply that no caller audio came over (echo),
   quick pauses that the VAD did not confirm included.
 - ``loop_lag_p99_ms``: how late a 10 ms timer on the event loop fires, 99th percentile.
 """
@@ -27,7 +28,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import itertools
+import json
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -46,6 +49,7 @@ from duplex import events as ev
 from duplex.caller import Silence, Speak, Step, UntilHeard, UntilReplyDone, VirtualCaller, heard_by_marks
 from duplex.config import Config
 from duplex.engines import Engines
+from duplex.events import SessionError
 from duplex.metrics import LoopLag
 from duplex.session import Session
 from duplex.session_config import SessionConfig
@@ -80,7 +84,7 @@ def _script(clips: dict[str, Speak], lines: list[Line], i: int, turns: int) -> t
 async def _session(
     engines: Engines, clips: dict[str, Speak], lines: list[Line], i: int, turns: int, config: SessionConfig
 ) -> dict[str, Any]:
-    caller = VirtualCaller(echo_db=ECHO_DB, echo_delay_s=0.04 + 0.21 * (i % 5) / 4)
+    caller = VirtualCaller(echo_db=ECHO_DB, echo_delay_s=0.04 + 0.21 * (i % 5) / 4, echo_room=True)
     session = Session(engines, caller, config)
     steps, spoken = _script(clips, lines, i, turns)
     by_label = {line.label: line for line in lines}
@@ -108,8 +112,9 @@ async def _session(
         rid = str(done.data["response_id"])
         k, onset = max((k, s) for k, (s, _) in enumerate(caller.voice_spans) if s < done.at)
         first, last = caller.first_frame(rid), caller.last_frame(rid)
-        if first is not None and last is not None:  # the caller's voice came over it: theirs
-            by_caller += any(s < last and e > first for s, e in caller.voice_spans)
+        if first is not None and last is not None:  # the caller's audio came over it: theirs (a
+            # recording's breath or room noise before its voiced onset is the caller's, not echo)
+            by_caller += any(s < last and e > first for s, e in caller.sound_spans)
         line = by_label.get(spoken[k])
         if first is not None and last is not None and onset > first and line:  # it was playing: stopped
             stops.append((line, max(0.0, last - onset) * 1000))
@@ -348,15 +353,20 @@ def with_engines(
 
 
 def bench_conversation(
-    config: Config, sessions: list[int], utterances: list[str] | None = None, turns: int = 0
+    config: Config,
+    sessions: list[int],
+    utterances: list[str] | None = None,
+    turns: int = 0,
+    session: SessionConfig | None = None,
 ) -> dict[str, Any]:
     async def body(engines: Engines) -> dict[str, Any]:
         clips, lines = clips_for(engines, utterances)
         result: dict[str, Any] = {"sessions": {}, "interruptions": [_described(line) for line in lines]}
         for n in sessions:
-            result["sessions"][str(n)] = await run_sessions(engines, clips, lines, n, 0)
+            result["sessions"][str(n)] = await run_sessions(engines, clips, lines, n, 0, session)
         if turns:
-            result["long_session"] = await run_sessions(engines, clips, lines, 1, turns)
+            result["long_session"] = await run_sessions(engines, clips, lines, 1, turns, session)
+        result["session_config"] = dataclasses.asdict(session or SessionConfig())
         return result
 
     return with_engines(
@@ -369,7 +379,11 @@ def bench_conversation(
 
 
 def measure(config: Config, args: argparse.Namespace) -> dict[str, Any]:
-    return bench_conversation(config, sessions_of(args), args.utterances, args.turns)
+    try:
+        session = SessionConfig(**json.loads(args.session_config))
+    except (ValueError, TypeError, SessionError) as e:  # bad JSON, an unknown setting, or a bad value
+        raise SystemExit(f"--session-config: {e}") from None
+    return bench_conversation(config, sessions_of(args), args.utterances, args.turns, session)
 
 
 def plot(result: dict[str, Any]) -> None:

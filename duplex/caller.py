@@ -3,9 +3,12 @@
 It is the session's `Sink` and its microphone at once. It plays a timeline into the
 session as 20 ms frames on a drift-free real-time grid: speech, silence, waits for the
 assistant (until a reply is done, or until some seconds of it were heard, to interrupt
-there), and mixes into its microphone the echo of what it hears (attenuated, delayed),
-as a speakerphone without echo cancellation would. It "plays" each frame the moment it
-arrives, and records every frame and event with its arrival time.
+there), and mixes into its microphone the echo of what it hears (attenuated, delayed,
+and through a room if ``echo_room``), as a speakerphone without echo cancellation would.
+It records every frame and event with its arrival time (what it heard, and when); its
+loudspeaker plays each frame as a jitter-buffered client does, ``echo_delay_s`` after the
+instant the server meant it to play (``playout_time``; a frame run is contiguous), or
+as it arrives if it arrives later than that.
 
     timeline ─► mic frames (speech | silence) + echo ─► session.push_audio
     session ─► audio / event / flush / end_reply ─► recorded, and echoed into the mic
@@ -25,9 +28,24 @@ from audio_io.frame import AudioFrame
 from audio_io.pcm import RUNTIME_RATE
 from audio_io.resample import Resampler
 from duplex import events as ev
+from duplex.echo_canceller import RUN_SLACK_S
 from duplex.events import Event
 
 FRAME = RUNTIME_RATE // 50  # 20 ms
+ROOM_RT60_S = 0.15  # `room_response`: a small, furnished room ...
+ROOM_S = 0.1  # ... its response this long
+
+
+def room_response(
+    rt60_s: float = ROOM_RT60_S, seconds: float = ROOM_S, seed: int = 0
+) -> npt.NDArray[np.float32]:
+    """A room's impulse response at 16 kHz: the direct sound, then reflections as noise
+    decaying 60 dB in ``rt60_s``; unit energy (the echo's level is set apart). Fixed by
+    ``seed``: every run hears the same room."""
+    t = np.arange(round(seconds * RUNTIME_RATE)) / RUNTIME_RATE
+    response = np.random.default_rng(seed).standard_normal(t.size) * np.exp(-6.9 * t / rt60_s) * 0.25
+    response[0] = 1.0
+    return (response / np.sqrt(np.sum(response**2))).astype(np.float32)
 
 
 class Microphone(Protocol):
@@ -105,12 +123,14 @@ class Received:
 class VirtualCaller:
     echo_db: float | None = None  # e.g. -20: the assistant's voice comes back this much quieter
     echo_delay_s: float = 0.1
+    echo_room: bool = False  # the echo comes back through a room (`room_response`), not straight
     frames: list[Received] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     flushes: list[float] = field(default_factory=list)
     ended: list[tuple[str, bool]] = field(default_factory=list)  # (response id, completed), from end_reply
     speech_ends: list[float] = field(default_factory=list)  # when each Speak step's audio ended
     voice_spans: list[tuple[float, float]] = field(default_factory=list)  # (first, last) voiced instants
+    sound_spans: list[tuple[float, float]] = field(default_factory=list)  # each Speak step's audio, all of it
 
     def __post_init__(self) -> None:
         self._start = 0.0
@@ -120,6 +140,9 @@ class VirtualCaller:
         self._heard: dict[str, int] = {}  # samples of each reply received (and so played)
         self._rate = 0
         self._ear: Resampler | None = None  # the reply's audio, as the microphone picks it up
+        self._room = room_response() if self.echo_room else None
+        self._played_end: int | None = None  # mic position where the loudspeaker's run ends ...
+        self._run_until = 0.0  # ... and when the server meant it to end
 
     # -- Sink --
 
@@ -132,14 +155,37 @@ class VirtualCaller:
         if self.echo_db is not None and self._start:
             if self._ear is None or self._ear.in_rate != frame.sample_rate:
                 self._ear = Resampler(frame.sample_rate, RUNTIME_RATE)
-            echo = self._ear.process(frame.samples).astype(np.float32)
+            sound = self._ear.process(frame.samples).astype(np.float32)
+            due = frame.playout_time if frame.playout_time is not None else now
+            # on the server's grid, rounded as the server rounds it (`EchoCanceller.play`), so
+            # the echo's delay is the same sample for sample from one frame run to the next
+            played = (
+                round(due * RUNTIME_RATE)
+                - round(self._start * RUNTIME_RATE)
+                + round(self.echo_delay_s * RUNTIME_RATE)
+            )
+            played = max(played, round((now - self._start) * RUNTIME_RATE))  # not before it arrives
+            if self._played_end is not None and abs(due - self._run_until) <= RUN_SLACK_S:
+                played = self._played_end  # the run goes on, sample after sample
+            played = max(played, self._mic_position)  # never into audio the microphone already sent
+            self._played_end = played + sound.size
+            self._run_until = due + frame.duration
+            echo = sound if self._room is None else self._through_room(sound)
             echo *= 10 ** (self.echo_db / 20)
-            at = round((now + self.echo_delay_s - self._start) * RUNTIME_RATE) - self._echo_base
-            at = max(at, self._mic_position - self._echo_base)
+            at = played - self._echo_base
             end = at + echo.size
             if end > self._echo.size:
                 self._echo = np.concatenate([self._echo, np.zeros(end - self._echo.size, np.float32)])
             self._echo[at:end] += echo
+
+    def _through_room(self, sound: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        """``sound`` convolved with the room's response (by FFT: 8 callers' echo must not
+        take the CPU the service is measured on)."""
+        assert self._room is not None
+        size = sound.size + self._room.size - 1
+        n = 1 << (size - 1).bit_length()
+        spectrum = np.fft.rfft(sound, n) * np.fft.rfft(self._room, n)
+        return np.fft.irfft(spectrum, n)[:size].astype(np.float32)
 
     def event(self, event: Event) -> None:
         self.events.append(event)
@@ -186,6 +232,7 @@ class VirtualCaller:
         """Play the timeline into the session in real time (`rate`: the mic's rate)."""
         self._start = time.monotonic()
         self._echo, self._echo_base, self._mic_position = np.zeros(0, np.float32), 0, 0
+        self._played_end = None
         mouth = Resampler(RUNTIME_RATE, rate)  # the microphone's rate, if not the runtime's
         k = 0  # frames played
         for step in timeline:
@@ -193,6 +240,7 @@ class VirtualCaller:
                 begin = self._start + k * 0.02
                 first, last = step.voiced()
                 self.voice_spans.append((begin + first, begin + last))
+                self.sound_spans.append((begin, begin + step.samples.size / RUNTIME_RATE))
             done = 0
             deadline = time.monotonic() + (getattr(step, "timeout", 0.0) or 0.0)
             after: float | None = None

@@ -162,6 +162,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="conversation: also one session of this many turns; endpoint: turns per setting (10)",
     )
     bench.add_argument(
+        "--session-config",
+        default="{}",
+        metavar="JSON",
+        help='conversation: the sessions\' settings other than the defaults, e.g. {"quick_pause": false}',
+    )
+    bench.add_argument(
         "--cycles", type=int, default=None, help="soak: connect/disconnect cycles over every transport (100)"
     )
     bench.add_argument(

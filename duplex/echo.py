@@ -21,6 +21,14 @@ echo needs (`ADAPT_MARGIN_DB` under it), never more than ``suppression_db`` nor 
 than `MIN_SUPPRESSION_DB`. A caller who starts talking in that first moment is heard
 once it has passed (the session re-checks speech over the reply as it goes on).
 
+Where an `EchoCanceller` takes the echo out, the gate judges what it leaves (the
+residual; per band, the quieter of it and the audio, for a canceller that has lost the
+echo's path adds echo rather than taking it away): each band's threshold goes down by
+what the canceller was measured to take away, in this reply, on frames that were echo
+alone (`observe_cancellation`: the 10th percentile over a second that ended 0.3 s ago,
+`CANCELLED_MARGIN_DB` under it), so a soft vowel or nasal that the echo's level would
+hide is heard at once.
+
 Pure bookkeeping: levels of 20 ms frames with their send times, no audio kept.
 """
 
@@ -38,6 +46,11 @@ FLOOR_DB = -45.0  # a band quieter than this is never taken for the caller
 TRAIN_S = 0.4  # after a reply starts, inbound audio this long is measured as its echo
 ADAPT_MARGIN_DB = 4.0  # the suppression is set this far under the echo measured
 MIN_SUPPRESSION_DB = 4.0  # ... and never lower: the caller must still be heard over the reply
+CANCELLED_S = (0.3, 1.3)  # the canceller's effect is measured on echo-only frames this old (s) ...
+CANCELLED_MIN_FRAMES = 10  # ... once there are this many, ...
+CANCELLED_EVERY_S = 0.1  # ... again every 0.1 s
+CANCELLED_MARGIN_DB = 3.0  # ... and counted this much under their 10th percentile
+CANCELLED_MAX_DB = 30.0  # ... and never more
 Bands = npt.NDArray[np.float64]  # (..., 2): dBFS below and above SPLIT_HZ
 
 
@@ -69,6 +82,9 @@ class EchoGate:
         self._sent: collections.deque[tuple[float, Bands]] = collections.deque()  # (time, bands)
         self._training: tuple[float, float] | None = None  # inbound arriving then is measured
         self._loudest = -math.inf  # the loudest echo measured, dB against the reply
+        self.cancelled_db = np.zeros(2)  # what the echo canceller takes away, per band (dB)
+        self._cancelled: collections.deque[tuple[float, Bands]] = collections.deque()  # (arrived, dB)
+        self._cancelled_at = -math.inf  # when `cancelled_db` was last worked out
 
     def configure(self, suppression_db: float) -> None:
         self.suppression_db = suppression_db
@@ -77,6 +93,7 @@ class EchoGate:
     def record_sent(self, samples: npt.NDArray[np.int16], rate: int, at: float) -> None:
         if not self._sent or at - self._sent[-1][0] > self.window_s:  # a reply begins: measure
             self._training, self._loudest = (at, at + TRAIN_S), -math.inf
+            self.forget_cancellation()  # its echo may come back another way (a new delay)
         self._sent.append((at, band_levels_db(samples, rate)))
         while self._sent and self._sent[0][0] < at - 3.0:
             self._sent.popleft()
@@ -110,11 +127,44 @@ class EchoGate:
         wanted = -self._loudest - ADAPT_MARGIN_DB if math.isfinite(self._loudest) else self.suppression_db
         self.effective_db = max(MIN_SUPPRESSION_DB, min(self.suppression_db, wanted))
 
-    def callers(self, inbound: Bands, start: float, end: float) -> npt.NDArray[np.bool_]:
-        """Which inbound frames (band levels, arrived from ``start`` to ``end``) are louder,
-        in either band, than echo could be: the caller's voice. Frames that arrived while
-        the reply's echo was being measured are taken for echo."""
+    def observe_cancellation(self, inbound: Bands, residual: Bands, start: float, end: float) -> None:
+        """Inbound frames (band levels, arrived from ``start`` to ``end``) before and after
+        the echo canceller: on those the level test takes for echo alone, how much each
+        band (over `FLOOR_DB`) was taken down sets `cancelled_db`."""
         threshold = np.maximum(self.reference_db(start, end) - self.effective_db, FLOOR_DB)
+        for frame in np.flatnonzero(~np.any(inbound >= threshold, axis=-1)):
+            loud = inbound[frame] > FLOOR_DB
+            if loud.any():
+                self._cancelled.append((end, np.where(loud, inbound[frame] - residual[frame], np.nan)))
+        while self._cancelled and self._cancelled[0][0] < end - CANCELLED_S[1]:
+            self._cancelled.popleft()
+        if end - self._cancelled_at < CANCELLED_EVERY_S:
+            return
+        self._cancelled_at = end
+        # not the last 0.3 s: a soft onset passes the level test for echo, is not taken
+        # away (it is no echo), and must not lower the figure it is about to be judged by
+        taken = [db for at, db in self._cancelled if at <= end - CANCELLED_S[0]]
+        if len(taken) < CANCELLED_MIN_FRAMES:
+            self.cancelled_db = np.zeros(2)
+            return
+        bands = np.array(taken).T
+        low = [np.percentile(b[~np.isnan(b)], 10) if (~np.isnan(b)).any() else 0.0 for b in bands]
+        self.cancelled_db = np.clip(np.array(low) - CANCELLED_MARGIN_DB, 0.0, CANCELLED_MAX_DB)
+
+    def forget_cancellation(self) -> None:
+        """The canceller started over: what it took away is not known any more."""
+        self._cancelled.clear()
+        self.cancelled_db = np.zeros(2)
+        self._cancelled_at = -math.inf
+
+    def callers(self, inbound: Bands, start: float, end: float) -> npt.NDArray[np.bool_]:
+        """Which inbound frames (band levels, arrived from ``start`` to ``end``; after the
+        echo canceller, if there is one) are louder, in either band, than echo could be:
+        the caller's voice. Frames that arrived while the reply's echo was being measured
+        are taken for echo."""
+        threshold = np.maximum(
+            self.reference_db(start, end) - self.effective_db - self.cancelled_db, FLOOR_DB
+        )
         callers = np.any(inbound >= threshold, axis=-1)
         if self._training is not None and callers.size:
             arrived = start + (end - start) * (np.arange(callers.size) + 1) / callers.size

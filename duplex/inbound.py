@@ -2,9 +2,14 @@
 part of it arrived, and how loud it is against the echo of what was sent. Bookkeeping;
 the session decides what to do with it.
 
-    push(frame) ─► format, overflow ─► queue ─► next(): 16 kHz mono + its arrival time
+    push(frame) ─► format, overflow ─► queue ─► next(): 16 kHz mono, the residual, arrival
                                                           │
     arrival(position) ◄──── (stream position, time) ◄─────┘  for the last 200 frames
+
+The *residual* is the audio less the reply's echo as the `EchoCanceller` estimates it
+(the audio itself without one); the echo gate judges the caller's voice on it, and each
+frame's verdict tells the canceller whether it may learn from it. The VAD and ASR hear
+the audio as it came.
 
 Arrival times are taken when the transport hands a frame over, not when it is heard:
 echo checks and latencies must not drift when hearing lags (a loaded machine). A frame
@@ -24,18 +29,24 @@ import numpy as np
 from audio_io.frame import AudioFrame, Int16Array
 from audio_io.pcm import RUNTIME_RATE
 from audio_io.resample import Resampler, downmix
-from duplex.echo import EchoGate, band_levels_db, level_db
+from duplex.echo import Bands, EchoGate, band_levels_db, level_db
+from duplex.echo_canceller import EchoCanceller
 from duplex.events import SessionError
 from duplex.session_config import SessionConfig
 
 LEVEL_WINDOW = RUNTIME_RATE // 50  # levels are compared over 20 ms
 ARRIVALS_KEPT = 200  # frames whose arrival times are kept: 4 s of 20 ms frames
+ECHO_CHECK_SAMPLES = RUNTIME_RATE // 2  # speech over the reply is judged on its last 0.5 s
 
 
 class Inbound:
-    def __init__(self, config: SessionConfig, echo: EchoGate) -> None:
+    def __init__(self, config: SessionConfig, echo: EchoGate, canceller: EchoCanceller | None = None) -> None:
         self.rate, self.channels, self.max_s = config.input_rate, config.input_channels, config.max_inbound_s
         self.echo = echo
+        self.canceller = canceller
+        self._resets = 0  # the canceller's, when the gate last heard of them
+        self._recent = np.zeros((2, 0), np.int16)  # the audio and its residual, the last 0.5 s ...
+        self._recent_end = 0  # ... up to this stream position
         self._resampler = Resampler(config.input_rate, RUNTIME_RATE)
         self._queue: asyncio.Queue[tuple[AudioFrame, float]] = asyncio.Queue()  # with arrival time
         self._queued_s = 0.0
@@ -67,15 +78,52 @@ class Inbound:
         self._told.add(error.code)
         return error
 
-    async def next(self, position: int) -> tuple[Int16Array, float]:
-        """The next frame, 16 kHz mono, and when it arrived; ``position``: the stream
-        position it begins at (the `Listener`'s)."""
+    async def next(self, position: int) -> tuple[Int16Array, Int16Array, float]:
+        """The next frame, 16 kHz mono, its residual, and when it arrived; ``position``:
+        the stream position it begins at (the `Listener`'s)."""
         frame, arrived = await self._queue.get()
         self._queued_s = max(0.0, self._queued_s - frame.duration)
         samples = self._resampler.process(downmix(frame.samples, frame.channels))
         self._arrivals.append((position + samples.size, arrived))
         del self._arrivals[: max(0, len(self._arrivals) - ARRIVALS_KEPT)]
-        return samples, arrived
+        residual = self._cancel(samples, position, arrived)
+        both = np.stack([samples, residual])
+        self._recent = np.concatenate([self._recent, both], axis=1)[:, -ECHO_CHECK_SAMPLES:]
+        self._recent_end = position + samples.size
+        return samples, residual, arrived
+
+    def _bands(self, samples: Int16Array, residual: Int16Array) -> tuple[Bands, Bands]:
+        """The band levels of each whole 20 ms window of the audio, and of its residual
+        (without a canceller, the same)."""
+        n = samples.size // LEVEL_WINDOW
+        if self.canceller is None:
+            heard = band_levels_db(samples[: n * LEVEL_WINDOW].reshape(n, LEVEL_WINDOW), RUNTIME_RATE)
+            return heard, heard
+        windows = np.stack([samples, residual])[:, : n * LEVEL_WINDOW].reshape(2, n, LEVEL_WINDOW)
+        heard, left = band_levels_db(windows, RUNTIME_RATE)
+        return heard, left
+
+    def _cancel(self, samples: Int16Array, position: int, arrived: float) -> Int16Array:
+        """The frame less the reply's echo; on the way, the gate measures the echo at a
+        reply's start (`EchoGate.train`) and what the canceller takes away, and the
+        canceller learns from the frame if the gate hears no caller in what it leaves."""
+        canceller = self.canceller
+        residual = samples if canceller is None else canceller.cancel(samples, position, arrived)
+        measuring = self.echo.measuring(arrived)
+        learning = canceller is not None and canceller.echoing  # else nothing played could echo
+        if samples.size < LEVEL_WINDOW or not (measuring or learning):
+            return residual
+        heard, left = self._bands(samples, residual)
+        if measuring:
+            self.echo.train(heard, arrived)
+        if canceller is not None and learning:
+            if canceller.resets != self._resets:
+                self._resets = canceller.resets
+                self.echo.forget_cancellation()
+            since = arrived - ECHO_CHECK_SAMPLES / RUNTIME_RATE
+            self.echo.observe_cancellation(heard, left, since, arrived)
+            canceller.adapt(echo_only=not self.echo.callers(np.minimum(heard, left), since, arrived).any())
+        return residual
 
     def arrival(self, position: int) -> float:
         """When the audio at this 16 kHz stream position arrived (now, if it has not)."""
@@ -89,28 +137,26 @@ class Inbound:
         self._levels.append(level)
         return level, min(self._levels)
 
-    def may_be_echo(self, samples: Int16Array, since: float, now: float) -> bool:
-        """This frame, arrived at ``now``, is no louder than the echo of what was sent
-        from ``since`` on could be."""
-        return self.echo.is_echo(band_levels_db(samples, RUNTIME_RATE), since, now)
+    def may_be_echo(self, samples: Int16Array, residual: Int16Array, since: float, now: float) -> bool:
+        """This frame (and its residual), arrived at ``now``, is no louder than the echo
+        of what was sent from ``since`` on could be."""
+        if self.canceller is None:
+            return self.echo.is_echo(band_levels_db(samples, RUNTIME_RATE), since, now)
+        heard, left = band_levels_db(np.stack([samples, residual]), RUNTIME_RATE)
+        return self.echo.is_echo(np.minimum(heard, left), since, now)
 
-    def train_echo(self, samples: Int16Array, arrived: float) -> None:
-        """Inbound audio at the start of a reply is its echo, measured (`EchoGate.train`)."""
-        n = samples.size // LEVEL_WINDOW
-        if n and self.echo.measuring(arrived):
-            windows = samples[: n * LEVEL_WINDOW].reshape(n, LEVEL_WINDOW)
-            self.echo.train(band_levels_db(windows, RUNTIME_RATE), arrived)
-
-    def first_above_echo(self, audio: Int16Array, start: int) -> int | None:
-        """The stream position of the first 20 ms of ``audio`` (which begins at ``start``)
-        that is louder, in either band, than the reply's echo could be: than the loudest
-        audio sent from 0.4 s before ``start`` until now, less the suppression (the test
-        the quick pause makes on each frame). A reference per 20 ms window (0.4 s before
-        its own arrival), tried, let the reply's echo interrupt it: 10 false interruptions
-        in 16 barge-ins with echo. None if all of it may be echo."""
-        n = audio.size // LEVEL_WINDOW
-        if n == 0:
+    def first_above_echo(self, start: int) -> int | None:
+        """The stream position of the first 20 ms of the residual from ``start`` on (as
+        far as the last `ECHO_CHECK_SAMPLES` hold it) that is louder, in either band,
+        than the reply's echo could be: than the loudest audio sent from 0.4 s before
+        ``start`` until now, less the suppression (the test the quick pause makes on each
+        frame). A reference per 20 ms window (0.4 s before its own arrival), tried, let
+        the reply's echo interrupt it: 10 false interruptions in 16 barge-ins with echo.
+        None if all of it may be echo."""
+        start = max(start, self._recent_end - self._recent.shape[1])
+        samples, residual = self._recent[:, self._recent.shape[1] - (self._recent_end - start) :]
+        if samples.size < LEVEL_WINDOW:
             return None
-        windows = band_levels_db(audio[: n * LEVEL_WINDOW].reshape(n, LEVEL_WINDOW), RUNTIME_RATE)
-        callers = np.flatnonzero(self.echo.callers(windows, self.arrival(start), time.monotonic()))
+        judged = np.minimum(*self._bands(samples, residual))  # a canceller that lost the path adds echo
+        callers = np.flatnonzero(self.echo.callers(judged, self.arrival(start), time.monotonic()))
         return start + int(callers[0]) * LEVEL_WINDOW if callers.size else None

@@ -33,6 +33,7 @@ from audio_io.ledger import PlayoutLedger, TextMark
 from audio_io.pacer import Pacer
 from duplex import events as ev
 from duplex.echo import EchoGate
+from duplex.echo_canceller import EchoCanceller
 from duplex.events import Event, SessionError
 from duplex.state import Lifecycle
 from duplex.transports.port import Sink
@@ -70,6 +71,7 @@ class Outlet:
     sink: Sink
     ledger: PlayoutLedger  # text, word marks, samples generated, sent (and played)
     echo: EchoGate  # what was sent, to tell the caller from its echo
+    canceller: EchoCanceller | None  # ... and to take its echo out of what is heard
     played_when_sent: bool  # no playback reports: audio sent counts as played
 
 
@@ -219,6 +221,8 @@ class Reply:
             if out.played_when_sent:
                 self._ledger.record_played(position)
             out.echo.record_sent(frame.samples, frame.sample_rate, now)
+            if out.canceller is not None:  # played on the pacer's grid, where the client plays it
+                out.canceller.play(frame.samples, frame.sample_rate, frame.playout_time or now)
             out.sink.audio(frame, self.id)
             if self.synthesized and self.pacer.queued_frames == 0:
                 break

@@ -36,9 +36,10 @@ from duplex import events as ev
 from duplex import metrics
 from duplex import turn_policy as policy
 from duplex.echo import EchoGate
+from duplex.echo_canceller import EchoCanceller
 from duplex.engines import Engines
 from duplex.events import Event, SessionError
-from duplex.inbound import Inbound
+from duplex.inbound import ECHO_CHECK_SAMPLES, Inbound
 from duplex.reply import Outlet, Reply, ReplyState, gather_cancelled, llm_failure
 from duplex.session_config import SessionConfig, check_system_prompt
 from duplex.state import State, StateMachine
@@ -53,7 +54,6 @@ from models.vad import VadConfig
 
 log = logging.getLogger("duplex.session")
 
-ECHO_CHECK_SAMPLES = RUNTIME_RATE // 2  # speech over the reply is judged on its last 0.5 s
 ECHO_PREROLL = RUNTIME_RATE // 10  # ASR starts this far before the caller's voice rose over the echo
 ECHO_TEXT_S = 4.0  # words heard over the reply are compared with its last 4 s (`is_echo_of`)
 
@@ -70,10 +70,13 @@ class Session(SessionPort):
         self.conversation = Conversation(engines.llm, self.config.system_prompt)
         self.ledger = PlayoutLedger(engines.tts.sample_rate)
         self.echo = EchoGate(self.config.echo_suppression_db)
-        self._out = Outlet(sink, self.ledger, self.echo, played_when_sent=not self.config.playback_acks)
+        canceller = EchoCanceller() if self.config.echo_cancellation else None
+        self._out = Outlet(
+            sink, self.ledger, self.echo, canceller, played_when_sent=not self.config.playback_acks
+        )
         self._vad_config = self.config.vad(VadConfig())
         self._listener: Listener | None = None
-        self._inbound = Inbound(self.config, self.echo)
+        self._inbound = Inbound(self.config, self.echo, canceller)
         self._listen_task: asyncio.Task[None] | None = None
         self._reply: Reply | None = None
         # a reply whose first audio left before its prompt's figures were known (`_report`)
@@ -270,9 +273,8 @@ class Session(SessionPort):
     async def _listen(self) -> None:
         assert self._listener is not None
         while True:
-            samples, arrived = await self._inbound.next(self._listener.position)
-            self._quick_pause(samples, arrived - ECHO_CHECK_SAMPLES / RUNTIME_RATE)
-            self._inbound.train_echo(samples, arrived)
+            samples, residual, arrived = await self._inbound.next(self._listener.position)
+            self._quick_pause(samples, residual, arrived - ECHO_CHECK_SAMPLES / RUNTIME_RATE)
             try:
                 for event in await self._listener.push(samples):
                     await self._on_listen(event)
@@ -289,13 +291,13 @@ class Session(SessionPort):
                 log.exception("session %s: listening failed", self.id)
                 self.send_error(SessionError("internal_error", "the server failed to process this audio"))
 
-    def _quick_pause(self, samples: Int16Array, since: float) -> None:
+    def _quick_pause(self, samples: Int16Array, residual: Int16Array, since: float) -> None:
         """While the reply plays, a loud frame pauses it before the VAD can tell
         (`turn_policy.quick_pause`), unless it may be the reply's echo; `_check_echo` then
         confirms it as an interruption, or it was a false alarm and the reply goes on."""
         if not (self.config.quick_pause and self.config.barge_in):
             return
-        level, room = self._inbound.level(samples)
+        level, room = self._inbound.level(residual)
         now = time.monotonic()
         reply = self._playing()
         if reply is None or self._interruption is not None:
@@ -309,7 +311,9 @@ class Session(SessionPort):
             metrics.FALSE_ALARMS.inc()
             self._quick_holdoff = now + policy.QUICK_PAUSE_HOLDOFF_S
             reply.resume()
-        elif verdict is policy.QuickPause.LOUD and not self._inbound.may_be_echo(samples, since, now):
+        elif verdict is policy.QuickPause.LOUD and not self._inbound.may_be_echo(
+            samples, residual, since, now
+        ):
             reply.pause()
             reply.quick_paused = now
 
@@ -371,7 +375,7 @@ class Session(SessionPort):
         has ended, so a caller who speaks while its echo fades is heard."""
         assert self._listener is not None
         recent = max(self._utterance_start, self._listener.position - ECHO_CHECK_SAMPLES)
-        onset = self._inbound.first_above_echo(self._listener.history_since(recent), recent)
+        onset = self._inbound.first_above_echo(recent)
         over = policy.speech_over_reply(onset is not None, reply is not None, self.config.barge_in)
         if onset is None or over is policy.Over.ECHO:
             return

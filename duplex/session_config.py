@@ -51,12 +51,18 @@ class SessionConfig:
     end_of_turn_by_meaning: bool = True  # false: silence alone (end_of_turn_ms) ends the turn
     resume_false_interruptions: bool = True  # speech over the reply with no words resumes it
     echo_suppression_db: float = 12.0
+    # the reply's echo taken out before the gate judges (`EchoCanceller`): off by default
+    # until its cost is cut (~0.7 ms of the event loop a frame while a reply echoes on the
+    # machine of docs/performance.md: 8 sessions then fall behind their audio)
+    echo_cancellation: bool = False
     speculative_replies: bool = True  # begin the reply, silently, at a pause in the caller's voice
     barge_in_min_speech_ms: int = 64  # while the reply plays, speech starts sooner (96 otherwise)
     max_inbound_s: float = 10.0  # audio waiting to be heard; more is dropped, with an error
     playback_acks: bool = False  # the transport reports playback; else sent counts as played
-    # pause the reply on a loud frame before the VAD decides: off by default until it is
-    # shown not to pause replies on their own echo (a CI run saw it do so once)
+    # pause the reply on a frame louder than its echo could be, before the VAD decides:
+    # off by default until it is shown not to pause replies on their own echo (a CI run
+    # saw it do so once without the canceller); with it, soft onsets stop in ~20 ms, not
+    # 150-210 (docs/performance.md)
     quick_pause: bool = False
     word_times: bool = False  # final transcripts carry word times (~25-65 ms more per turn)
     answer_turns: bool = True  # each finished user turn is answered; false: held for `respond`
@@ -118,6 +124,7 @@ class SessionConfig:
             "speculative_replies",
             "playback_acks",
             "quick_pause",
+            "echo_cancellation",
             "word_times",
             "answer_turns",
             "barge_in",

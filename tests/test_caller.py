@@ -4,6 +4,8 @@ double that answers on cue; every test with the real session is in test_session.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -12,8 +14,6 @@ from audio_io.pcm import RUNTIME_RATE
 from duplex import events as ev
 from duplex.caller import FRAME, Speak, UntilHeard, VirtualCaller
 from duplex.events import Event
-
-pytestmark = pytest.mark.asyncio
 
 
 class Replies:
@@ -45,3 +45,18 @@ async def test_until_heard_waits_for_that_much_of_the_reply_or_its_end(reply_s):
     # a 1.4 s reply is heard past 1 s at once; a 0.4 s one has ended: either way the
     # caller goes on at its first frame after the reply came, not 3 s (150 frames) on
     assert session.frames <= 10 + 5 + 2, session.frames
+
+
+def test_the_loudspeaker_plays_a_run_of_frames_back_to_back():
+    """Frames that arrive early or late are played on the grid the server meant them for,
+    as a jitter-buffered client plays them: the echo is the reply, sample for sample,
+    ``echo_delay_s`` after its first frame was due (here all arrive at once, early)."""
+    caller = VirtualCaller(echo_db=0.0, echo_delay_s=0.1)
+    caller._start = time.monotonic()  # as `play` sets it
+    reply = np.random.default_rng(0).integers(-3000, 3000, 10 * FRAME).astype(np.int16)
+    due = caller._start + 0.05
+    for k, frame in enumerate(reply.reshape(-1, FRAME)):
+        caller.audio(AudioFrame(frame, RUNTIME_RATE, playout_time=due + 0.02 * k), "resp_1")
+    at = round((due + 0.1 - caller._start) * RUNTIME_RATE)
+    assert np.array_equal(np.rint(caller._echo[at : at + reply.size]), reply)
+    assert not np.any(caller._echo[:at]) and not np.any(caller._echo[at + reply.size :])

@@ -8,6 +8,7 @@ import numpy as np
 
 from audio_io.frame import AudioFrame
 from duplex.echo import EchoGate
+from duplex.echo_canceller import EchoCanceller
 from duplex.inbound import LEVEL_WINDOW, Inbound
 from duplex.session_config import SessionConfig
 
@@ -42,7 +43,8 @@ async def test_frames_come_out_at_16_khz_with_their_arrival_times() -> None:
     position = 0
     arrivals = []
     for _ in range(3):
-        samples, arrived = await inbound.next(position)
+        samples, residual, arrived = await inbound.next(position)
+        assert residual is samples  # no echo canceller: the residual is the audio
         position += samples.size
         arrivals.append(arrived)
     assert before <= arrivals[0] <= arrivals[1] <= arrivals[2] <= time.monotonic()
@@ -69,13 +71,18 @@ async def test_the_caller_is_found_where_they_rise_over_the_echo() -> None:
     for k in range(40):  # a reply at -10 dBFS, sent in the last 0.8 s
         echo.record_sent(tone(-10, TTS_RATE), TTS_RATE, now - 0.8 + k * 0.02)
     inbound = Inbound(SessionConfig(), echo)
-    inbound.push(AudioFrame(np.zeros(3200, np.int16), 16000))  # arrived now
-    await inbound.next(0)
     # its echo at -30 dBFS, then the caller at -12 from the 4th 20 ms window on
     audio = np.concatenate([tone(-30)] * 3 + [tone(-12)] * 2)
-    assert inbound.first_above_echo(audio[: 3 * LEVEL_WINDOW], 1600) is None
-    assert inbound.first_above_echo(audio, 1600) == 1600 + 3 * LEVEL_WINDOW
-    assert inbound.first_above_echo(audio[:100], 1600) is None  # under 20 ms: nothing to judge
+    inbound.push(AudioFrame(audio[: 3 * LEVEL_WINDOW], 16000))  # arrived now
+    await inbound.next(0)
+    assert inbound.first_above_echo(0) is None
+    inbound.push(AudioFrame(audio[3 * LEVEL_WINDOW :], 16000))
+    await inbound.next(3 * LEVEL_WINDOW)
+    assert inbound.first_above_echo(0) == 3 * LEVEL_WINDOW
+    assert inbound.first_above_echo(5 * LEVEL_WINDOW - 100) is None  # under 20 ms: nothing to judge
     later = time.monotonic()
-    assert not inbound.may_be_echo(tone(-12), later - 0.5, later)
-    assert inbound.may_be_echo(tone(-30), later - 0.5, later)
+    assert not inbound.may_be_echo(tone(-12), tone(-12), later - 0.5, later)
+    assert inbound.may_be_echo(tone(-30), tone(-30), later - 0.5, later)
+    assert not inbound.may_be_echo(tone(-12), tone(-30), later - 0.5, later)  # no canceller: the audio
+    cancelling = Inbound(SessionConfig(), echo, EchoCanceller())
+    assert cancelling.may_be_echo(tone(-12), tone(-30), later - 0.5, later)  # judged on what it leaves

@@ -116,7 +116,7 @@ class Tts:
 
 def make(held: bool = False, tts: Tts | None = None) -> tuple[Reply, Sink, Host, PlayoutLedger]:
     sink, host, ledger = Sink(), Host(), PlayoutLedger(RATE)
-    out = Outlet(sink, ledger, EchoGate(), played_when_sent=True)
+    out = Outlet(sink, ledger, EchoGate(), None, played_when_sent=True)
     reply = Reply("resp_1", "item_1", "hi", TurnTimes(), cast(TtsStream, tts or Tts()), out, host, held)
     ledger.start_turn(reply.id)
     return reply, sink, host, ledger
