@@ -156,6 +156,7 @@ class EchoCanceller:
         self._heard.write(start, heard)
         self.echoing = self._played.end is not None and start - self._played.end <= _ECHO_REACH
         if not self.echoing:
+            self._done.clear()  # blocks of an echo's tail not learned from: let go
             return samples  # nothing played lately could echo here: nothing to do
         self._maybe_lock(start + samples.size)
         if self.lag is None:
