@@ -141,6 +141,7 @@ class VirtualCaller:
         self._rate = 0
         self._ear: Resampler | None = None  # the reply's audio, as the microphone picks it up
         self._room = room_response() if self.echo_room else None
+        self._room_spectra: dict[int, npt.NDArray[np.complex128]] = {}
         self._played_end: int | None = None  # mic position where the loudspeaker's run ends ...
         self._run_until = 0.0  # ... and when the server meant it to end
 
@@ -184,7 +185,9 @@ class VirtualCaller:
         assert self._room is not None
         size = sound.size + self._room.size - 1
         n = 1 << (size - 1).bit_length()
-        spectrum = np.fft.rfft(sound, n) * np.fft.rfft(self._room, n)
+        if n not in self._room_spectra:  # the room's spectrum, once per FFT size
+            self._room_spectra[n] = np.fft.rfft(self._room, n)
+        spectrum = np.fft.rfft(sound, n) * self._room_spectra[n]
         return np.fft.irfft(spectrum, n)[:size].astype(np.float32)
 
     def event(self, event: Event) -> None:

@@ -45,8 +45,8 @@ class Inbound:
         self.echo = echo
         self.canceller = canceller
         self._resets = 0  # the canceller's, when the gate last heard of them
-        self._recent = np.zeros((2, 0), np.int16)  # the audio and its residual, the last 0.5 s ...
-        self._recent_end = 0  # ... up to this stream position
+        self._residual = np.zeros(0, np.int16)  # with a canceller: its last 0.5 s of residual ...
+        self._residual_end = 0  # ... up to this stream position
         self._resampler = Resampler(config.input_rate, RUNTIME_RATE)
         self._queue: asyncio.Queue[tuple[AudioFrame, float]] = asyncio.Queue()  # with arrival time
         self._queued_s = 0.0
@@ -87,9 +87,9 @@ class Inbound:
         self._arrivals.append((position + samples.size, arrived))
         del self._arrivals[: max(0, len(self._arrivals) - ARRIVALS_KEPT)]
         residual = self._cancel(samples, position, arrived)
-        both = np.stack([samples, residual])
-        self._recent = np.concatenate([self._recent, both], axis=1)[:, -ECHO_CHECK_SAMPLES:]
-        self._recent_end = position + samples.size
+        if self.canceller is not None:  # the audio's own history is the listener's
+            self._residual = np.concatenate([self._residual, residual])[-ECHO_CHECK_SAMPLES:]
+            self._residual_end = position + samples.size
         return samples, residual, arrived
 
     def _bands(self, samples: Int16Array, residual: Int16Array) -> tuple[Bands, Bands]:
@@ -145,17 +145,21 @@ class Inbound:
         heard, left = band_levels_db(np.stack([samples, residual]), RUNTIME_RATE)
         return self.echo.is_echo(np.minimum(heard, left), since, now)
 
-    def first_above_echo(self, start: int) -> int | None:
-        """The stream position of the first 20 ms of the residual from ``start`` on (as
-        far as the last `ECHO_CHECK_SAMPLES` hold it) that is louder, in either band,
-        than the reply's echo could be: than the loudest audio sent from 0.4 s before
-        ``start`` until now, less the suppression (the test the quick pause makes on each
-        frame). A reference per 20 ms window (0.4 s before its own arrival), tried, let
-        the reply's echo interrupt it: 10 false interruptions in 16 barge-ins with echo.
-        None if all of it may be echo."""
-        start = max(start, self._recent_end - self._recent.shape[1])
-        samples, residual = self._recent[:, self._recent.shape[1] - (self._recent_end - start) :]
-        if samples.size < LEVEL_WINDOW:
+    def first_above_echo(self, audio: Int16Array, start: int) -> int | None:
+        """The stream position of the first 20 ms of ``audio`` (which begins at ``start``;
+        with a canceller, of its residual, as far as the last `ECHO_CHECK_SAMPLES` hold
+        it) that is louder, in either band, than the reply's echo could be: than the
+        loudest audio sent from 0.4 s before ``start`` until now, less the suppression
+        (the test the quick pause makes on each frame). A reference per 20 ms window (0.4 s
+        before its own arrival), tried, let the reply's echo interrupt it: 10 false
+        interruptions in 16 barge-ins with echo. None if all of it may be echo."""
+        samples = residual = audio
+        if self.canceller is not None:
+            skip = max(0, self._residual_end - self._residual.size - start)
+            start, samples = start + skip, audio[skip:]
+            first = self._residual.size - (self._residual_end - start)
+            residual = self._residual[first : first + samples.size]
+        if samples.size < LEVEL_WINDOW or residual.size != samples.size:
             return None
         judged = np.minimum(*self._bands(samples, residual))  # a canceller that lost the path adds echo
         callers = np.flatnonzero(self.echo.callers(judged, self.arrival(start), time.monotonic()))

@@ -375,7 +375,7 @@ class Session(SessionPort):
         has ended, so a caller who speaks while its echo fades is heard."""
         assert self._listener is not None
         recent = max(self._utterance_start, self._listener.position - ECHO_CHECK_SAMPLES)
-        onset = self._inbound.first_above_echo(recent)
+        onset = self._inbound.first_above_echo(self._listener.history_since(recent), recent)
         over = policy.speech_over_reply(onset is not None, reply is not None, self.config.barge_in)
         if onset is None or over is policy.Over.ECHO:
             return

@@ -104,11 +104,13 @@ def test_the_callers_voice_comes_through_and_the_echo_stays_out(reply, caller_li
 def test_nothing_played_nothing_taken():
     canceller = EchoCanceller()
     noise = np.random.default_rng(0).normal(0, 1000, 3 * RUNTIME_RATE).astype(np.int16)
+    frames = 0
     for k in range(noise.size // BLOCK):
         part = noise[k * BLOCK : (k + 1) * BLOCK]
         assert np.array_equal(canceller.cancel(part, k * BLOCK, T0 + 0.02 * (k + 1)), part)
         canceller.adapt(echo_only=True)
-    assert canceller.lag is None
+        frames += 1
+    assert frames == 150 and canceller.lag is None
 
 
 def test_gcc_phat_finds_a_lag_and_says_how_sharply():
@@ -146,7 +148,7 @@ async def test_a_soft_onset_under_the_echo(reply, caller_line, monkeypatch, canc
     canceller = EchoCanceller() if cancel else None
     inbound = Inbound(SessionConfig(), gate, canceller)
     frames = reply.reshape(-1, SENT_FRAME)
-    found = None
+    found, judged = None, 0
     for k in range(mic.size // BLOCK):
         due = T0 + 0.02 * k
         if k < len(frames):
@@ -157,7 +159,9 @@ async def test_a_soft_onset_under_the_echo(reply, caller_line, monkeypatch, canc
         inbound.push(AudioFrame(mic[k * BLOCK : (k + 1) * BLOCK], RUNTIME_RATE))
         await inbound.next(k * BLOCK)
         if (k + 1) * BLOCK > onset and found is None:
-            found = inbound.first_above_echo(onset)
+            found = inbound.first_above_echo(mic[onset : (k + 1) * BLOCK], onset)
+            judged += 1
+    assert judged > 0  # the frames from the onset on were judged
     if cancel:
         assert found is not None and found - begins <= 3 * BLOCK  # within 60 ms of the voice's start
     else:
