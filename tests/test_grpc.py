@@ -96,10 +96,11 @@ class Caller:
 async def test_a_spoken_question_gets_a_spoken_reply(served, tts_engine):
     target, sessions = served
     async with DuplexClient(target) as client:
-        # 1 s of silence ends the turn without the LLM's judgement: room for the aligned
-        # final and the score on any machine (on 2 AVX2 cores they came after 500 ms);
-        # how much sooner a turn ends by meaning is measured by the bench
-        turn_taking = pb.TurnTaking(end_of_turn_ms=1000)
+        # 2.5 s of silence ends the turn without the LLM's judgement: room for the aligned
+        # final and the score on any machine (on 2 AVX2 cores they came after 500 ms; on a
+        # loaded CI machine the final came 1,081 ms after the last word, too late to be judged
+        # under 1 s); how much sooner a turn ends by meaning is measured by the bench
+        turn_taking = pb.TurnTaking(end_of_turn_ms=2500)
         conversation = await client.converse(word_times=True, turn_taking=turn_taking)
         assert conversation.started.api_version == 1 and conversation.started.session_id
         assert conversation.started.output_format.sample_rate == tts_engine.sample_rate
@@ -126,7 +127,7 @@ async def test_a_spoken_question_gets_a_spoken_reply(served, tts_engine):
     assert 0 <= metrics.cached_tokens < metrics.prompt_tokens
     # the turn ended by meaning: the LLM's score and the silence it waited come along
     assert metrics.HasField("end_of_turn_score") and metrics.end_of_turn_score >= 0.3
-    assert 300 <= metrics.steps_ms["silence_waited_ms"] < 1000
+    assert 300 <= metrics.steps_ms["silence_waited_ms"] < 2500
     kinds = [t.kind for t in caller.of("turn")]
     assert kinds == [Kind.SPEECH_STARTED, Kind.SPEECH_STOPPED, Kind.RESPONSE_STARTED, Kind.RESPONSE_DONE]
     assert len(sessions) == 0
