@@ -35,6 +35,7 @@ Pure bookkeeping: levels of 20 ms frames with their send times, no audio kept.
 from __future__ import annotations
 
 import collections
+import functools
 import math
 
 import numpy as np
@@ -43,6 +44,7 @@ import numpy.typing as npt
 SPLIT_HZ = 3000  # vowels below, fricatives ("s", "f", "sh", "t") above
 TOP_HZ = 8000  # inbound audio runs at 16 kHz: the high band ends here on both sides
 FLOOR_DB = -45.0  # a band quieter than this is never taken for the caller
+SENT_KEPT_S = 3.0  # sent frames' levels are kept this long
 TRAIN_S = 0.4  # after a reply starts, inbound audio this long is measured as its echo
 ADAPT_MARGIN_DB = 4.0  # the suppression is set this far under the echo measured
 MIN_SUPPRESSION_DB = 4.0  # ... and never lower: the caller must still be heard over the reply
@@ -64,14 +66,19 @@ def level_db(samples: npt.NDArray[np.int16]) -> float:
 
 def band_levels_db(frames: npt.NDArray[np.int16], rate: int) -> Bands:
     """Levels (dBFS, as RMS) of each frame (the last axis) below and above `SPLIT_HZ`."""
-    n = frames.shape[-1]
-    spectrum = np.fft.rfft(frames.astype(np.float64) / 32768.0, axis=-1)
-    power = 2.0 * np.abs(spectrum) ** 2 / (n * n)  # Parseval: sums to the mean square
-    freqs = np.fft.rfftfreq(n, 1.0 / rate)
-    low = power[..., freqs < SPLIT_HZ].sum(axis=-1)
-    high = power[..., (freqs >= SPLIT_HZ) & (freqs < TOP_HZ)].sum(axis=-1)
+    spectrum = np.fft.rfft(frames, axis=-1)
+    power = spectrum.real**2 + spectrum.imag**2
     with np.errstate(divide="ignore"):
-        return 10.0 * np.log10(np.stack([low, high], axis=-1))
+        return 10.0 * np.log10(power @ _band_weights(frames.shape[-1], rate))
+
+
+@functools.cache
+def _band_weights(n: int, rate: int) -> npt.NDArray[np.float64]:
+    """Which of the bins of an ``n``-sample spectrum each band sums, scaled so that
+    (by Parseval) the sums are mean squares of full scale."""
+    freqs = np.fft.rfftfreq(n, 1.0 / rate)
+    bands = np.stack([freqs < SPLIT_HZ, (freqs >= SPLIT_HZ) & (freqs < TOP_HZ)], axis=-1)
+    return bands.astype(np.float64) * (2.0 / (n * n * 32768.0**2))
 
 
 class EchoGate:
@@ -79,7 +86,8 @@ class EchoGate:
         self.suppression_db = suppression_db  # at most (the session's setting)
         self.effective_db = suppression_db  # for the reply now playing, from its measured echo
         self.window_s = window_s
-        self._sent: collections.deque[tuple[float, Bands]] = collections.deque()  # (time, bands)
+        self._sent_at = np.zeros(0)  # when each 20 ms sent frame left (the last 3 s) ...
+        self._sent_db: Bands = np.zeros((0, 2))  # ... and its band levels
         self._training: tuple[float, float] | None = None  # inbound arriving then is measured
         self._loudest = -math.inf  # the loudest echo measured, dB against the reply
         self.cancelled_db = np.zeros(2)  # what the echo canceller takes away, per band (dB)
@@ -91,22 +99,23 @@ class EchoGate:
         self.effective_db = min(self.effective_db, suppression_db)
 
     def record_sent(self, samples: npt.NDArray[np.int16], rate: int, at: float) -> None:
-        if not self._sent or at - self._sent[-1][0] > self.window_s:  # a reply begins: measure
+        if not self.active(at):  # a reply begins: measure
             self._training, self._loudest = (at, at + TRAIN_S), -math.inf
             self.forget_cancellation()  # its echo may come back another way (a new delay)
-        self._sent.append((at, band_levels_db(samples, rate)))
-        while self._sent and self._sent[0][0] < at - 3.0:
-            self._sent.popleft()
+        kept = int(np.searchsorted(self._sent_at, at - SENT_KEPT_S))
+        self._sent_at = np.append(self._sent_at[kept:], at)
+        self._sent_db = np.concatenate([self._sent_db[kept:], band_levels_db(samples, rate)[None]])
 
     def reference_db(self, start: float, end: float) -> Bands:
         """The loudest audio sent in ``[start - window, end]``, per band: what could echo
         in the inbound audio that arrived from ``start`` to ``end``."""
-        levels = [bands for at, bands in self._sent if start - self.window_s <= at <= end]
-        return np.max(levels, axis=0) if levels else np.full(2, -math.inf)
+        first = int(np.searchsorted(self._sent_at, start - self.window_s, side="left"))
+        last = int(np.searchsorted(self._sent_at, end, side="right"))
+        return self._sent_db[first:last].max(axis=0) if last > first else np.full(2, -math.inf)
 
     def active(self, at: float) -> bool:
         """Audio was sent recently enough to be echoing in inbound audio arrived at ``at``."""
-        return bool(self._sent) and self._sent[-1][0] >= at - self.window_s
+        return self._sent_at.size > 0 and self._sent_at[-1] >= at - self.window_s
 
     def measuring(self, at: float) -> bool:
         """Inbound audio arrived at ``at`` is wanted by `train`."""

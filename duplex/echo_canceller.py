@@ -191,7 +191,7 @@ class EchoCanceller:
             self._caller_heard = self._heard.end
             return
         for spectra, error in done:
-            power = np.sum(np.abs(spectra) ** 2, axis=0)
+            power = np.sum(spectra.real**2 + spectra.imag**2, axis=0)
             self._power = np.maximum(power, SMOOTH * self._power + (1 - SMOOTH) * power)
             padded = np.concatenate([np.zeros(BLOCK, np.float32), error])
             gradient = np.conj(spectra) * np.fft.rfft(padded)

@@ -9,7 +9,9 @@ the session decides what to do with it.
 The *residual* is the audio less the reply's echo as the `EchoCanceller` estimates it
 (the audio itself without one); the echo gate judges the caller's voice on it, and each
 frame's verdict tells the canceller whether it may learn from it. The VAD and ASR hear
-the audio as it came.
+the audio as it came. Levels are taken once per 20 ms window (frames of any length are
+gathered into windows) and kept for 0.5 s, for the checks over a reply (`may_be_echo`,
+`first_above_echo`) to read rather than compute again.
 
 Arrival times are taken when the transport hands a frame over, not when it is heard:
 echo checks and latencies must not drift when hearing lags (a loaded machine). A frame
@@ -37,6 +39,7 @@ from duplex.session_config import SessionConfig
 LEVEL_WINDOW = RUNTIME_RATE // 50  # levels are compared over 20 ms
 ARRIVALS_KEPT = 200  # frames whose arrival times are kept: 4 s of 20 ms frames
 ECHO_CHECK_SAMPLES = RUNTIME_RATE // 2  # speech over the reply is judged on its last 0.5 s
+WINDOWS_KEPT = ECHO_CHECK_SAMPLES // LEVEL_WINDOW + 1  # ... of 20 ms windows, and the one it begins in
 
 
 class Inbound:
@@ -45,8 +48,10 @@ class Inbound:
         self.echo = echo
         self.canceller = canceller
         self._resets = 0  # the canceller's, when the gate last heard of them
-        self._residual = np.zeros(0, np.int16)  # with a canceller: its last 0.5 s of residual ...
-        self._residual_end = 0  # ... up to this stream position
+        self._pending = np.zeros((1 if canceller is None else 2, 0), np.int16)  # audio (and residual) ...
+        self._pending_at = 0  # ... from this stream position, short of a whole window
+        # the judged band levels of the last 0.5 s of 20 ms windows, by where each begins
+        self._judged: collections.deque[tuple[int, Bands]] = collections.deque(maxlen=WINDOWS_KEPT)
         self._resampler = Resampler(config.input_rate, RUNTIME_RATE)
         self._queue: asyncio.Queue[tuple[AudioFrame, float]] = asyncio.Queue()  # with arrival time
         self._queued_s = 0.0
@@ -86,44 +91,49 @@ class Inbound:
         samples = self._resampler.process(downmix(frame.samples, frame.channels))
         self._arrivals.append((position + samples.size, arrived))
         del self._arrivals[: max(0, len(self._arrivals) - ARRIVALS_KEPT)]
-        residual = self._cancel(samples, position, arrived)
-        if self.canceller is not None:  # the audio's own history is the listener's
-            self._residual = np.concatenate([self._residual, residual])[-ECHO_CHECK_SAMPLES:]
-            self._residual_end = position + samples.size
-        return samples, residual, arrived
-
-    def _bands(self, samples: Int16Array, residual: Int16Array) -> tuple[Bands, Bands]:
-        """The band levels of each whole 20 ms window of the audio, and of its residual
-        (without a canceller, the same)."""
-        n = samples.size // LEVEL_WINDOW
-        if self.canceller is None:
-            heard = band_levels_db(samples[: n * LEVEL_WINDOW].reshape(n, LEVEL_WINDOW), RUNTIME_RATE)
-            return heard, heard
-        windows = np.stack([samples, residual])[:, : n * LEVEL_WINDOW].reshape(2, n, LEVEL_WINDOW)
-        heard, left = band_levels_db(windows, RUNTIME_RATE)
-        return heard, left
-
-    def _cancel(self, samples: Int16Array, position: int, arrived: float) -> Int16Array:
-        """The frame less the reply's echo; on the way, the gate measures the echo at a
-        reply's start (`EchoGate.train`) and what the canceller takes away, and the
-        canceller learns from the frame if the gate hears no caller in what it leaves."""
         canceller = self.canceller
         residual = samples if canceller is None else canceller.cancel(samples, position, arrived)
-        measuring = self.echo.measuring(arrived)
-        learning = canceller is not None and canceller.echoing  # else nothing played could echo
-        if samples.size < LEVEL_WINDOW or not (measuring or learning):
-            return residual
-        heard, left = self._bands(samples, residual)
-        if measuring:
+        heard, left = self._windows(samples, residual, position)
+        if heard.size:
+            self._judge(heard, left, arrived)
+        return samples, residual, arrived
+
+    def _windows(self, samples: Int16Array, residual: Int16Array, position: int) -> tuple[Bands, Bands]:
+        """The band levels of the 20 ms windows of the audio, and of its residual, that
+        this frame completes (a frame need not be 20 ms, nor begin a window); each
+        window's judged levels (per band the quieter of the two: a canceller that lost
+        the path adds echo, it never hides the caller) are kept for `first_above_echo`."""
+        if position != self._pending_at + self._pending.shape[-1]:  # not where the last frame ended
+            self._pending, self._pending_at = self._pending[:, :0], position
+        rows = [samples] if self.canceller is None else [samples, residual]
+        audio = np.concatenate([self._pending, np.stack(rows)], axis=-1)
+        n = audio.shape[-1] // LEVEL_WINDOW
+        if n == 0:
+            self._pending = audio
+            return np.zeros((0, 2)), np.zeros((0, 2))
+        bands = band_levels_db(audio[:, : n * LEVEL_WINDOW].reshape(len(rows), n, LEVEL_WINDOW), RUNTIME_RATE)
+        heard, left = bands[0], bands[-1]
+        for k, judged in enumerate(np.minimum(heard, left)):
+            self._judged.append((self._pending_at + k * LEVEL_WINDOW, judged))
+        self._pending, self._pending_at = audio[:, n * LEVEL_WINDOW :], self._pending_at + n * LEVEL_WINDOW
+        return heard, left
+
+    def _judge(self, heard: Bands, left: Bands, arrived: float) -> None:
+        """New windows of the audio and its residual, arrived at ``arrived``: the gate
+        measures the echo at a reply's start (`EchoGate.train`) and what the canceller
+        takes away, and the canceller learns from them if the gate hears no caller in
+        what it leaves."""
+        if self.echo.measuring(arrived):
             self.echo.train(heard, arrived)
-        if canceller is not None and learning:
-            if canceller.resets != self._resets:
-                self._resets = canceller.resets
-                self.echo.forget_cancellation()
-            since = arrived - ECHO_CHECK_SAMPLES / RUNTIME_RATE
-            self.echo.observe_cancellation(heard, left, since, arrived)
-            canceller.adapt(echo_only=not self.echo.callers(np.minimum(heard, left), since, arrived).any())
-        return residual
+        canceller = self.canceller
+        if canceller is None or not canceller.echoing:  # nothing played could echo: nothing to learn
+            return
+        if canceller.resets != self._resets:
+            self._resets = canceller.resets
+            self.echo.forget_cancellation()
+        since = arrived - ECHO_CHECK_SAMPLES / RUNTIME_RATE
+        self.echo.observe_cancellation(heard, left, since, arrived)
+        canceller.adapt(echo_only=not self.echo.callers(np.minimum(heard, left), since, arrived).any())
 
     def arrival(self, position: int) -> float:
         """When the audio at this 16 kHz stream position arrived (now, if it has not)."""
@@ -137,30 +147,22 @@ class Inbound:
         self._levels.append(level)
         return level, min(self._levels)
 
-    def may_be_echo(self, samples: Int16Array, residual: Int16Array, since: float, now: float) -> bool:
-        """This frame (and its residual), arrived at ``now``, is no louder than the echo
-        of what was sent from ``since`` on could be."""
-        if self.canceller is None:
-            return self.echo.is_echo(band_levels_db(samples, RUNTIME_RATE), since, now)
-        heard, left = band_levels_db(np.stack([samples, residual]), RUNTIME_RATE)
-        return self.echo.is_echo(np.minimum(heard, left), since, now)
+    def may_be_echo(self, since: float, now: float) -> bool:
+        """The last 20 ms window heard (its residual, with a canceller), arrived at
+        ``now``, is no louder than the echo of what was sent from ``since`` on could be."""
+        return not self._judged or self.echo.is_echo(self._judged[-1][1], since, now)
 
-    def first_above_echo(self, audio: Int16Array, start: int) -> int | None:
-        """The stream position of the first 20 ms of ``audio`` (which begins at ``start``;
-        with a canceller, of its residual, as far as the last `ECHO_CHECK_SAMPLES` hold
-        it) that is louder, in either band, than the reply's echo could be: than the
-        loudest audio sent from 0.4 s before ``start`` until now, less the suppression
-        (the test the quick pause makes on each frame). A reference per 20 ms window (0.4 s
-        before its own arrival), tried, let the reply's echo interrupt it: 10 false
+    def first_above_echo(self, start: int) -> int | None:
+        """The stream position of the first 20 ms window heard from ``start`` on (as far
+        back as `ECHO_CHECK_SAMPLES`; the window ``start`` falls in counts from ``start``)
+        that is louder, in either band, than the reply's echo could be: than the loudest
+        audio sent from 0.4 s before ``start`` until now, less the suppression (the test
+        the quick pause makes on each frame). A reference per 20 ms window (0.4 s before
+        its own arrival), tried, let the reply's echo interrupt it: 10 false
         interruptions in 16 barge-ins with echo. None if all of it may be echo."""
-        samples = residual = audio
-        if self.canceller is not None:
-            skip = max(0, self._residual_end - self._residual.size - start)
-            start, samples = start + skip, audio[skip:]
-            first = self._residual.size - (self._residual_end - start)
-            residual = self._residual[first : first + samples.size]
-        if samples.size < LEVEL_WINDOW or residual.size != samples.size:
+        windows = [(at, judged) for at, judged in self._judged if at + LEVEL_WINDOW > start]
+        if not windows:
             return None
-        judged = np.minimum(*self._bands(samples, residual))  # a canceller that lost the path adds echo
+        judged = np.array([bands for _, bands in windows])
         callers = np.flatnonzero(self.echo.callers(judged, self.arrival(start), time.monotonic()))
-        return start + int(callers[0]) * LEVEL_WINDOW if callers.size else None
+        return max(start, windows[int(callers[0])][0]) if callers.size else None

@@ -274,7 +274,7 @@ class Session(SessionPort):
         assert self._listener is not None
         while True:
             samples, residual, arrived = await self._inbound.next(self._listener.position)
-            self._quick_pause(samples, residual, arrived - ECHO_CHECK_SAMPLES / RUNTIME_RATE)
+            self._quick_pause(residual, arrived - ECHO_CHECK_SAMPLES / RUNTIME_RATE)
             try:
                 for event in await self._listener.push(samples):
                     await self._on_listen(event)
@@ -291,7 +291,7 @@ class Session(SessionPort):
                 log.exception("session %s: listening failed", self.id)
                 self.send_error(SessionError("internal_error", "the server failed to process this audio"))
 
-    def _quick_pause(self, samples: Int16Array, residual: Int16Array, since: float) -> None:
+    def _quick_pause(self, residual: Int16Array, since: float) -> None:
         """While the reply plays, a loud frame pauses it before the VAD can tell
         (`turn_policy.quick_pause`), unless it may be the reply's echo; `_check_echo` then
         confirms it as an interruption, or it was a false alarm and the reply goes on."""
@@ -311,9 +311,7 @@ class Session(SessionPort):
             metrics.FALSE_ALARMS.inc()
             self._quick_holdoff = now + policy.QUICK_PAUSE_HOLDOFF_S
             reply.resume()
-        elif verdict is policy.QuickPause.LOUD and not self._inbound.may_be_echo(
-            samples, residual, since, now
-        ):
+        elif verdict is policy.QuickPause.LOUD and not self._inbound.may_be_echo(since, now):
             reply.pause()
             reply.quick_paused = now
 
@@ -375,7 +373,7 @@ class Session(SessionPort):
         has ended, so a caller who speaks while its echo fades is heard."""
         assert self._listener is not None
         recent = max(self._utterance_start, self._listener.position - ECHO_CHECK_SAMPLES)
-        onset = self._inbound.first_above_echo(self._listener.history_since(recent), recent)
+        onset = self._inbound.first_above_echo(recent)
         over = policy.speech_over_reply(onset is not None, reply is not None, self.config.barge_in)
         if onset is None or over is policy.Over.ECHO:
             return

@@ -88,10 +88,6 @@ class Listener:
         self.asr.begin(start)
         self.asr.push(self._slice(start, self._end))
 
-    def history_since(self, position: int) -> npt.NDArray[np.int16]:
-        """The audio from this stream position on, as far as the last two seconds hold it."""
-        return self._slice(position, self._end)
-
     async def push(self, samples: npt.NDArray[np.int16]) -> list[ListenEvent]:
         """Feed 16 kHz int16 audio; returns what happened, in order."""
         if samples.dtype != np.int16 or samples.ndim != 1:

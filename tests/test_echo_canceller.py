@@ -159,7 +159,7 @@ async def test_a_soft_onset_under_the_echo(reply, caller_line, monkeypatch, canc
         inbound.push(AudioFrame(mic[k * BLOCK : (k + 1) * BLOCK], RUNTIME_RATE))
         await inbound.next(k * BLOCK)
         if (k + 1) * BLOCK > onset and found is None:
-            found = inbound.first_above_echo(mic[onset : (k + 1) * BLOCK], onset)
+            found = inbound.first_above_echo(onset)
             judged += 1
     assert judged > 0  # the frames from the onset on were judged
     if cancel:

@@ -9,7 +9,7 @@ import numpy as np
 from audio_io.frame import AudioFrame
 from duplex.echo import EchoGate
 from duplex.echo_canceller import EchoCanceller
-from duplex.inbound import LEVEL_WINDOW, Inbound
+from duplex.inbound import Inbound
 from duplex.session_config import SessionConfig
 
 TTS_RATE = 22050
@@ -65,22 +65,56 @@ def test_levels_and_the_room() -> None:
     assert abs(inbound.level(tone(-10))[1] - -10) < 0.2  # the quiet frame is over 2 s old
 
 
-async def test_the_caller_is_found_where_they_rise_over_the_echo() -> None:
-    echo = EchoGate(suppression_db=12)
+async def hear(inbound: Inbound, frames: list[np.ndarray], position: int) -> int:
+    """Frames (16 kHz) pushed and taken in, from stream ``position``; where they end."""
+    for frame in frames:
+        inbound.push(AudioFrame(frame, 16000))
+        samples, _, _ = await inbound.next(position)
+        position += samples.size
+    return position
+
+
+def reply_sent(echo: EchoGate) -> None:
     now = time.monotonic()
     for k in range(40):  # a reply at -10 dBFS, sent in the last 0.8 s
         echo.record_sent(tone(-10, TTS_RATE), TTS_RATE, now - 0.8 + k * 0.02)
+
+
+async def test_the_caller_is_found_where_they_rise_over_the_echo() -> None:
+    echo = EchoGate(suppression_db=12)
+    reply_sent(echo)
     inbound = Inbound(SessionConfig(), echo)
-    # its echo at -30 dBFS, then the caller at -12 from the 4th 20 ms window on
-    audio = np.concatenate([tone(-30)] * 3 + [tone(-12)] * 2)
-    inbound.push(AudioFrame(np.zeros(3200, np.int16), 16000))  # arrived now
-    await inbound.next(0)
-    assert inbound.first_above_echo(audio[: 3 * LEVEL_WINDOW], 1600) is None
-    assert inbound.first_above_echo(audio, 1600) == 1600 + 3 * LEVEL_WINDOW
-    assert inbound.first_above_echo(audio[:100], 1600) is None  # under 20 ms: nothing to judge
-    later = time.monotonic()
-    assert not inbound.may_be_echo(tone(-12), tone(-12), later - 0.5, later)
-    assert inbound.may_be_echo(tone(-30), tone(-30), later - 0.5, later)
-    assert not inbound.may_be_echo(tone(-12), tone(-30), later - 0.5, later)  # no canceller: the audio
-    cancelling = Inbound(SessionConfig(), echo, EchoCanceller())
-    assert cancelling.may_be_echo(tone(-12), tone(-30), later - 0.5, later)  # judged on what it leaves
+    # the reply's echo at -30 dBFS, then the caller at -12 from 2,560 on
+    end = await hear(inbound, [tone(-30)] * 8, 0)
+    assert inbound.first_above_echo(1600) is None
+    assert await hear(inbound, [tone(-12)] * 2, end) == 3200
+    assert inbound.first_above_echo(1600) == 2560
+    assert inbound.first_above_echo(2600) == 2600  # the window it begins in counts from there
+    assert inbound.first_above_echo(3200) is None  # nothing heard from there on
+    assert not inbound.may_be_echo(time.monotonic() - 0.5, time.monotonic())  # the last window
+    await hear(inbound, [tone(-30)], 3200)
+    assert inbound.may_be_echo(time.monotonic() - 0.5, time.monotonic())
+    # 10 ms frames: judged in whole 20 ms windows all the same
+    halves = Inbound(SessionConfig(), echo)
+    frames = [tone(-30)] * 8 + [tone(-12)] * 2
+    await hear(halves, [half for frame in frames for half in np.split(frame, 2)], 0)
+    assert halves.first_above_echo(1600) == 2560
+
+
+class Quieting(EchoCanceller):
+    """A canceller that leaves the frame 12 dB quieter, wherever it is."""
+
+    def cancel(self, samples: np.ndarray, position: int, arrived: float) -> np.ndarray:
+        return np.rint(samples * 10 ** (-12 / 20)).astype(np.int16)
+
+
+async def test_over_a_canceller_the_gate_judges_what_it_leaves() -> None:
+    echo = EchoGate(suppression_db=12)
+    reply_sent(echo)
+    inbound = Inbound(SessionConfig(), echo, Quieting())
+    end = await hear(inbound, [tone(-30)] * 8 + [tone(-12)] * 2, 0)
+    # the caller's -12 dBFS left at -24: under what the echo could be (-22), as the echo is
+    assert inbound.first_above_echo(1600) is None
+    assert inbound.may_be_echo(time.monotonic() - 0.5, time.monotonic())
+    await hear(inbound, [tone(-6)], end)  # left at -18: over it
+    assert inbound.first_above_echo(1600) == end
