@@ -12,15 +12,17 @@ of onset, in the bundled voice and in real people's), each session from another 
 - ``v2v_ms``: the end of the caller's voice to the first reply frame reaching the caller.
 - ``bargein_stop_ms``: the onset of the interrupting voice to the last frame of the cut
   reply; also by the line's onset kind and voice, and ``interruptions_missed``: lines
-  said over a reply that cut nothing (``interruptions_unplayed``: lines said when no
-  reply was playing, as when the reply to the story request was shorter than the wait).
+  that a reply played on over for half a second or more without being cut
+  (``interruptions_unplayed``: the other lines that cut nothing: said when no reply was
+  playing, or as one ended by itself, as a short reply to the story request does).
 - ``truncation_exact_rate``: cut replies whose truncated text, in the event and in the
   conversation, equals what the caller heard by its own count (half of a word played);
   ``inexact_samples`` names the others (what was heard, what was kept).
 - ``audio_gaps``: silences of over 100 ms inside a reply that no caller voice paused
   (its audio ran out: TTS fell behind).
-- ``self_interruptions``: pauses or cuts of a reply that no caller audio came over (echo),
-  quick pauses that the VAD did not confirm included.
+- ``self_interruptions``: pauses of a reply (to be cut, resumed, or a quick pause the VAD
+  did not confirm) with no caller audio in the half second before them or at the time:
+  the reply's echo taken for the caller.
 - ``loop_lag_p99_ms``: how late a 10 ms timer on the event loop fires, 99th percentile.
 """
 
@@ -33,7 +35,7 @@ import itertools
 import json
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -58,6 +60,8 @@ from models.cpu_variant import cpu_description
 QUESTIONS = ("What is the capital city of France?", "Name a big river in Europe.", "What do bees make?")
 STORY = "Please tell me a long story about a brave little dragon."
 ECHO_DB = -20.0
+PLAYED_ON_S = 0.5  # a reply that played on this long after a line's onset missed it
+CALLER_REACH_S = 0.5  # a pause of the reply this soon after the caller's audio may be theirs
 
 
 def _script(clips: dict[str, Speak], lines: list[Line], i: int, turns: int) -> tuple[list[Step], list[str]]:
@@ -96,8 +100,7 @@ async def _session(
     finally:
         await session.close()
     said = [k for k, label in enumerate(spoken) if label in by_label]  # the interrupting lines
-    over_reply = [k for k in said if _playing_at(caller, caller.voice_spans[k][0])]
-    v2v, stops, exact, cuts, by_caller, inexact = [], [], 0, 0, 0, []
+    v2v, stops, exact, cuts, inexact = [], [], 0, 0, []
     created = caller.of_type(ev.RESPONSE_CREATED)
     samples = []
     for k, answer, heard_at, voice_end in replies_to_utterances(caller):
@@ -110,12 +113,14 @@ async def _session(
         truncated = cut[0]
         cuts += 1
         rid = str(done.data["response_id"])
-        k, onset = max((k, s) for k, (s, _) in enumerate(caller.voice_spans) if s < done.at)
         first, last = caller.first_frame(rid), caller.last_frame(rid)
-        if first is not None and last is not None:  # the caller's audio came over it: theirs (a
-            # recording's breath or room noise before its voiced onset is the caller's, not echo)
-            by_caller += any(s < last and e > first for s, e in caller.sound_spans)
-        line = by_label.get(spoken[k])
+        # the line that stopped it: the last whose sound began before its audio stopped
+        # coming (not before its response.done: a line judged by its words is cut a second
+        # after its onset, by when the reply had long stopped and the next line may have
+        # begun); the stop counts from its voice's onset
+        stop = last if last is not None else done.at
+        k = max(k for k, (s, _) in enumerate(caller.sound_spans) if s < stop)
+        onset, line = caller.voice_spans[k][0], by_label.get(spoken[k])
         if first is not None and last is not None and onset > first and line:  # it was playing: stopped
             stops.append((line, max(0.0, last - onset) * 1000))
             stopped.add(k)
@@ -133,20 +138,20 @@ async def _session(
             inexact.append(
                 {"session": i, "response_id": rid, "heard": truth, "kept": kept, "in_history": kept in told}
             )
+    missed = [k for k in said if k not in stopped and _played_on(caller, caller.voice_spans[k][0])]
     return {
         "v2v_ms": v2v,
         "stops": stops,
         "missed": [
             {"session": i, "id": session.id, "line": spoken[k], "at": _wall_clock(caller.voice_spans[k][0])}
-            for k in over_reply
-            if k not in stopped
+            for k in missed
         ],
-        "unplayed": len(said) - len(over_reply),
+        "unplayed": len(said) - len(stopped) - len(missed),
         "bargein_samples": bargein,
         "cuts": cuts,
         "exact": exact,
         "inexact": inexact,
-        "self_interruptions": session.barge_ins + session.resumes + session.false_alarms - by_caller,
+        "self_interruptions": _self_interruptions(caller, session.pauses),
         "audio_gaps": _audio_gaps(caller),
         "replies": len(created),
         "breakdowns": [e.data for e in caller.of_type(ev.METRICS)],
@@ -168,15 +173,24 @@ def _audio_gaps(caller: VirtualCaller, gap_s: float = 0.1) -> int:
     return gaps
 
 
-def _playing_at(caller: VirtualCaller, instant: float) -> bool:
-    """A reply had begun to reach the caller by then and was not over."""
-    done = {e.data["response_id"]: e.at for e in caller.of_type(ev.RESPONSE_DONE)}
+def _played_on(caller: VirtualCaller, onset: float) -> bool:
+    """A reply's audio had begun to reach the caller before a voice's onset and went on
+    for `PLAYED_ON_S` after it: the voice should have stopped it. (A reply that ended by
+    itself sooner, as a short one does when the line comes at its end, had nothing left
+    to stop.)"""
     for created in caller.of_type(ev.RESPONSE_CREATED):
         rid = str(created.data["response_id"])
-        first = caller.first_frame(rid)
-        if first is not None and first < instant < done.get(rid, float("inf")):
+        first, last = caller.first_frame(rid), caller.last_frame(rid)
+        if first is not None and last is not None and first < onset and last >= onset + PLAYED_ON_S:
             return True
     return False
+
+
+def _self_interruptions(caller: VirtualCaller, pauses: Iterable[float]) -> int:
+    """Pauses of a reply (each a cut, a resume or a quick pause's false alarm) that no
+    caller audio came before: in the `CALLER_REACH_S` before it, or during it. A
+    recording's breath or room noise before its voiced onset is the caller's, not echo."""
+    return sum(not any(s <= at and e >= at - CALLER_REACH_S for s, e in caller.sound_spans) for at in pauses)
 
 
 def _wall_clock(instant: float) -> str:

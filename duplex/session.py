@@ -24,6 +24,7 @@ awaits them all.
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
 import time
@@ -97,6 +98,8 @@ class Session(SessionPort):
         self.barge_ins = 0
         self.resumes = 0
         self.false_alarms = 0  # quick pauses the VAD did not confirm
+        self.pauses: collections.deque[float] = collections.deque(maxlen=1000)  # when speech over
+        # a reply paused it (before each of those): the bench tells the caller's from echo's
         self.last_input = time.monotonic()  # when the transport last sent anything (`touch`)
         self.closed = asyncio.Event()  # set by `close`, for the transport to end its side
 
@@ -314,6 +317,7 @@ class Session(SessionPort):
         elif verdict is policy.QuickPause.LOUD and not self._inbound.may_be_echo(since, now):
             reply.pause()
             reply.quick_paused = now
+            self.pauses.append(now)
 
     async def _on_listen(self, event: ListenEvent) -> None:
         kind = event.kind
@@ -395,6 +399,8 @@ class Session(SessionPort):
         reply.pause()  # nothing more leaves from here on
         self.sink.flush()
         stopped, reply.quick_paused = reply.quick_paused or time.monotonic(), None
+        if not self.pauses or self.pauses[-1] != stopped:  # not paused already by the quick pause
+            self.pauses.append(stopped)
         metrics.BARGE_IN_STOP.observe(max(0.0, stopped - self._inbound.arrival(onset)))
         self._interruption = Interruption(self._utterance_start)
         self._times = TurnTimes()

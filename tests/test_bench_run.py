@@ -142,20 +142,36 @@ def test_the_caller_waits_for_the_reply_to_its_words_not_the_one_they_cut():
     assert caller._replied()
 
 
-def test_a_line_said_when_no_reply_plays_is_not_a_missed_interruption():
-    from benchmarks.conversation import _playing_at
+def test_a_line_said_when_no_reply_plays_or_as_one_ends_is_not_a_missed_interruption():
+    from benchmarks.conversation import _played_on
     from duplex import events as ev
     from duplex.caller import Received, VirtualCaller
     from duplex.events import Event
+
+    def frames(rid: str, start: float, end: float) -> list[Received]:
+        return [Received(start + 0.02 * k, rid, 480) for k in range(round((end - start) / 0.02))]
 
     caller = VirtualCaller()
     caller.events = [
         Event(ev.RESPONSE_CREATED, {"response_id": "resp_1"}, 1.0),
         Event(ev.RESPONSE_DONE, {"response_id": "resp_1", "status": "completed"}, 3.0),
         Event(ev.RESPONSE_CREATED, {"response_id": "resp_2"}, 6.0),  # no done yet: still playing
+        Event(ev.RESPONSE_CREATED, {"response_id": "resp_3"}, 10.0),  # paused at 11 s, cut at 12 s
+        Event(ev.RESPONSE_DONE, {"response_id": "resp_3", "status": "cancelled"}, 12.0),
     ]
-    caller.frames = [Received(1.2, "resp_1", 480), Received(6.3, "resp_2", 480)]
-    assert [_playing_at(caller, t) for t in (1.1, 2.0, 4.0, 6.2, 7.0)] == [False, True, False, False, True]
+    caller.frames = frames("resp_1", 1.2, 2.9) + frames("resp_2", 6.3, 7.5) + frames("resp_3", 10.2, 11.0)
+    onsets = (1.1, 2.0, 2.6, 4.0, 6.2, 6.9, 10.3, 11.5)
+    assert [_played_on(caller, t) for t in onsets] == [False, True, False, False, False, True, True, False]
+
+
+def test_a_pause_is_a_self_interruption_only_with_no_caller_audio_before_it():
+    from benchmarks.conversation import CALLER_REACH_S, _self_interruptions
+    from duplex.caller import VirtualCaller
+
+    caller = VirtualCaller()
+    caller.sound_spans = [(5.0, 6.0)]
+    assert _self_interruptions(caller, [4.9, 5.2, 6.0 + CALLER_REACH_S - 0.01]) == 1  # before the voice
+    assert _self_interruptions(caller, [6.0 + CALLER_REACH_S + 0.01, 9.0]) == 2  # long after it
 
 
 def tone(seconds: float, db: float, rate: int = 16000) -> np.ndarray:
