@@ -52,8 +52,9 @@ class SessionConfig:
     resume_false_interruptions: bool = True  # speech over the reply with no words resumes it
     echo_suppression_db: float = 12.0
     # the reply's echo taken out before the gate judges (`EchoCanceller`): off by default
-    # until its cost is cut (~0.7 ms of the event loop a frame while a reply echoes on the
-    # machine of docs/performance.md: 8 sessions then fall behind their audio)
+    # until its cost is cut further (~0.23 ms of the event loop a frame while a reply
+    # echoes, on a Xeon with AMX; at 8 sessions it still cost voice-to-voice and audio
+    # gaps in two runs of four: docs/performance.md)
     echo_cancellation: bool = False
     speculative_replies: bool = True  # begin the reply, silently, at a pause in the caller's voice
     barge_in_min_speech_ms: int = 64  # while the reply plays, speech starts sooner (96 otherwise)
