@@ -115,10 +115,11 @@ async def test_a_question_over_the_reply_is_judged_and_prepared_in_its_pause(eng
     """A question said over a story, whose words no partial pass committed before its
     pause (as at 8 sessions, when ASR lags): the pause's speculative final judges it a
     barge-in there, and the answer is scored and prepared in the same pause, so the turn
-    ends by meaning before the VAD's silence (1 s here: on 2 AVX2 cores the final and the
-    score of such a pause came after 500 ms, and were rightly not asked for)."""
+    ends by meaning before the VAD's silence (2 s here: on 2 AVX2 cores the final and the
+    score of such a pause came after 500 ms, and were rightly not asked for; on a loaded
+    CI machine a final came 1,081 ms after the last word)."""
     caller = VirtualCaller()
-    session = Session(engines, caller, SessionConfig(end_of_turn_ms=1000))
+    session = Session(engines, caller, SessionConfig(end_of_turn_ms=2000))
     await session.start()
     assert session._listener is not None
     session._listener.asr.partial_interval = 60 * RUNTIME_RATE  # no partial pass at all
