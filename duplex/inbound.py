@@ -93,16 +93,19 @@ class Inbound:
         del self._arrivals[: max(0, len(self._arrivals) - ARRIVALS_KEPT)]
         canceller = self.canceller
         residual = samples if canceller is None else canceller.cancel(samples, position, arrived)
-        heard, left = self._windows(samples, residual, position)
-        if heard.size:
-            self._judge(heard, left, arrived)
+        windows = self._windows(samples, residual, position)
+        if windows is not None:
+            self._judge(*windows, arrived)
         return samples, residual, arrived
 
-    def _windows(self, samples: Int16Array, residual: Int16Array, position: int) -> tuple[Bands, Bands]:
-        """The band levels of the 20 ms windows of the audio, and of its residual, that
-        this frame completes (a frame need not be 20 ms, nor begin a window); each
-        window's judged levels (per band the quieter of the two: a canceller that lost
-        the path adds echo, it never hides the caller) are kept for `first_above_echo`."""
+    def _windows(
+        self, samples: Int16Array, residual: Int16Array, position: int
+    ) -> tuple[Bands, Bands, Bands] | None:
+        """The band levels of the 20 ms windows of the audio, of its residual, and as
+        judged (per band the quieter of the two: a canceller that lost the path adds echo,
+        it never hides the caller), of the windows this frame completes (a frame need not
+        be 20 ms, nor begin a window; None if it completes none). The judged levels are
+        kept for `may_be_echo` and `first_above_echo`."""
         if position != self._pending_at + self._pending.shape[-1]:  # not where the last frame ended
             self._pending, self._pending_at = self._pending[:, :0], position
         rows = [samples] if self.canceller is None else [samples, residual]
@@ -110,15 +113,15 @@ class Inbound:
         n = audio.shape[-1] // LEVEL_WINDOW
         if n == 0:
             self._pending = audio
-            return np.zeros((0, 2)), np.zeros((0, 2))
+            return None
         bands = band_levels_db(audio[:, : n * LEVEL_WINDOW].reshape(len(rows), n, LEVEL_WINDOW), RUNTIME_RATE)
         heard, left = bands[0], bands[-1]
-        for k, judged in enumerate(np.minimum(heard, left)):
-            self._judged.append((self._pending_at + k * LEVEL_WINDOW, judged))
+        judged = np.minimum(heard, left)
+        self._judged.extend((self._pending_at + k * LEVEL_WINDOW, levels) for k, levels in enumerate(judged))
         self._pending, self._pending_at = audio[:, n * LEVEL_WINDOW :], self._pending_at + n * LEVEL_WINDOW
-        return heard, left
+        return heard, left, judged
 
-    def _judge(self, heard: Bands, left: Bands, arrived: float) -> None:
+    def _judge(self, heard: Bands, left: Bands, judged: Bands, arrived: float) -> None:
         """New windows of the audio and its residual, arrived at ``arrived``: the gate
         measures the echo at a reply's start (`EchoGate.train`) and what the canceller
         takes away, and the canceller learns from them if the gate hears no caller in
@@ -133,7 +136,7 @@ class Inbound:
             self.echo.forget_cancellation()
         since = arrived - ECHO_CHECK_SAMPLES / RUNTIME_RATE
         self.echo.observe_cancellation(heard, left, since, arrived)
-        canceller.adapt(echo_only=not self.echo.callers(np.minimum(heard, left), since, arrived).any())
+        canceller.adapt(echo_only=not self.echo.callers(judged, since, arrived).any())
 
     def arrival(self, position: int) -> float:
         """When the audio at this 16 kHz stream position arrived (now, if it has not)."""

@@ -98,8 +98,9 @@ class Session(SessionPort):
         self.barge_ins = 0
         self.resumes = 0
         self.false_alarms = 0  # quick pauses the VAD did not confirm
-        self.pauses: collections.deque[float] = collections.deque(maxlen=1000)  # when speech over
-        # a reply paused it (before each of those): the bench tells the caller's from echo's
+        # when speech over a reply paused it (each then a barge-in, a resume or a false
+        # alarm): the bench tells the caller's pauses from the echo's
+        self.pauses: collections.deque[float] = collections.deque(maxlen=1000)
         self.last_input = time.monotonic()  # when the transport last sent anything (`touch`)
         self.closed = asyncio.Event()  # set by `close`, for the transport to end its side
 
@@ -398,8 +399,9 @@ class Session(SessionPort):
             return
         reply.pause()  # nothing more leaves from here on
         self.sink.flush()
-        stopped, reply.quick_paused = reply.quick_paused or time.monotonic(), None
-        if not self.pauses or self.pauses[-1] != stopped:  # not paused already by the quick pause
+        quick, reply.quick_paused = reply.quick_paused, None
+        stopped = quick or time.monotonic()
+        if quick is None:  # else the quick pause recorded it
             self.pauses.append(stopped)
         metrics.BARGE_IN_STOP.observe(max(0.0, stopped - self._inbound.arrival(onset)))
         self._interruption = Interruption(self._utterance_start)

@@ -86,18 +86,19 @@ async def test_the_caller_is_found_where_they_rise_over_the_echo() -> None:
     inbound = Inbound(SessionConfig(), echo)
     # the reply's echo at -30 dBFS, then the caller at -12 from 2,560 on
     end = await hear(inbound, [tone(-30)] * 8, 0)
+    assert end == 2560  # every frame heard
     assert inbound.first_above_echo(1600) is None
     assert await hear(inbound, [tone(-12)] * 2, end) == 3200
     assert inbound.first_above_echo(1600) == 2560
     assert inbound.first_above_echo(2600) == 2600  # the window it begins in counts from there
     assert inbound.first_above_echo(3200) is None  # nothing heard from there on
     assert not inbound.may_be_echo(time.monotonic() - 0.5, time.monotonic())  # the last window
-    await hear(inbound, [tone(-30)], 3200)
+    assert await hear(inbound, [tone(-30)], 3200) == 3520
     assert inbound.may_be_echo(time.monotonic() - 0.5, time.monotonic())
     # 10 ms frames: judged in whole 20 ms windows all the same
     halves = Inbound(SessionConfig(), echo)
     frames = [tone(-30)] * 8 + [tone(-12)] * 2
-    await hear(halves, [half for frame in frames for half in np.split(frame, 2)], 0)
+    assert await hear(halves, [half for frame in frames for half in np.split(frame, 2)], 0) == 3200
     assert halves.first_above_echo(1600) == 2560
 
 
@@ -113,6 +114,7 @@ async def test_over_a_canceller_the_gate_judges_what_it_leaves() -> None:
     reply_sent(echo)
     inbound = Inbound(SessionConfig(), echo, Quieting())
     end = await hear(inbound, [tone(-30)] * 8 + [tone(-12)] * 2, 0)
+    assert end == 3200  # every frame heard
     # the caller's -12 dBFS left at -24: under what the echo could be (-22), as the echo is
     assert inbound.first_above_echo(1600) is None
     assert inbound.may_be_echo(time.monotonic() - 0.5, time.monotonic())
