@@ -253,7 +253,7 @@ class AsrEngine:
             ]
         )
         for (i, encoded, _, frames), result in zip(passes, decoded, strict=True):
-            if not windows[i].prefix and result.no_speech_prob > NO_SPEECH_THRESHOLD:
+            if result.no_speech_prob is not None and result.no_speech_prob > NO_SPEECH_THRESHOLD:
                 continue
             tokens = [t for t in result.tokens if t < self.tokenizer.eot]
             text = self.tokenizer.decode(tokens).strip()

@@ -97,7 +97,9 @@ def as_float32(weights: dict[str, npt.NDArray[np.generic]], name: str) -> Array:
 @dataclass(frozen=True)
 class Decoded:
     tokens: list[int]  # the prefix and the decoded tokens, without the end of text
-    no_speech_prob: float
+    # at the start of transcript; None when a prefix is forced (words were heard: the
+    # pass is not dropped as silence, and the 80 MB projection it takes is saved)
+    no_speech_prob: float | None
 
 
 @dataclass(frozen=True)
@@ -182,7 +184,7 @@ class _Row:
         self.free_steps = 0
         self.done = False
         self.hidden: Array = np.empty(0, np.float32)  # the last position's output, for the next token
-        self.no_speech_prob = 0.0
+        self.no_speech_prob: float | None = None
 
 
 class WhisperDecoder:
@@ -274,8 +276,9 @@ class WhisperDecoder:
             row.free_steps = steps
             out = self._forward(self._embed(prompt, 0), [row], prompt_rows=True)
             row.hidden = out[-1:]
-            sot = prompt.index(self.sot)
-            row.no_speech_prob = float(_softmax(self._logits(out[sot : sot + 1]))[0, self.no_speech])
+            if not row.tokens:
+                sot = prompt.index(self.sot)
+                row.no_speech_prob = float(_softmax(self._logits(out[sot : sot + 1]))[0, self.no_speech])
             rows.append(row)
         first = True
         while live := [row for row in rows if not row.done]:
