@@ -64,3 +64,8 @@ class LocalAgreement:
 
     def previous_keys(self) -> list[str]:
         return [word_key(w) for w in self._previous]
+
+    def draft(self) -> list[int]:
+        """The last hypothesis's tokens after the committed words: what the next pass
+        will likely say again (a guess its decoder checks, `WhisperDecoder.generate`)."""
+        return [t for w in self._previous[len(self.committed) :] for t in w.tokens]

@@ -250,7 +250,8 @@ class AsrEngine:
             [
                 (e, p, min(MAX_DECODE_TOKENS, len(p) + int(8 * windows[i].audio.size / SAMPLE_RATE) + 16))
                 for i, e, p, _ in passes
-            ]
+            ],
+            [windows[i].draft for i, _, _, _ in passes],
         )
         for (i, encoded, _, frames), result in zip(passes, decoded, strict=True):
             if result.no_speech_prob is not None and result.no_speech_prob > NO_SPEECH_THRESHOLD:
@@ -364,7 +365,7 @@ class AsrEngine:
                 self._running.update(jobs)
             results: list[_Hypothesis | BaseException]
             try:
-                windows = [_Window(j.audio, j.offset, j.prefix, j.previous) for j in jobs]
+                windows = [_Window(j.audio, j.offset, j.prefix, j.previous, j.draft) for j in jobs]
                 # Word times only matter for words about to be committed: align only
                 # when this pass agrees with the previous one beyond what is committed.
                 # A final pass aligns only when its stream asks for word times: it costs
@@ -404,6 +405,7 @@ class _Window:
     offset: int
     prefix: list[int]
     previous: list[int]
+    draft: list[int] = field(default_factory=list)  # tokens the text may go on with (the last pass's)
 
 
 @dataclass(eq=False)
@@ -417,6 +419,7 @@ class _Job:
     compute_ms: float = 0.0
     previous: list[int] = field(default_factory=list)  # text tokens before the window
     previous_keys: list[str] = field(default_factory=list)  # words of the previous hypothesis
+    draft: list[int] = field(default_factory=list)  # its tokens after the committed words
     committed: int = 0  # how many words are committed
     earlier: tuple[HypWord, ...] = ()  # the utterance's words before the window, when submitted
     word_times: bool = False  # align a final pass for word times
@@ -568,6 +571,7 @@ class AsrStream:
         job = _Job(self._audio[:end].copy(), self._offset, self._prefix(), final, self._loop)
         job.previous = self._previous_tokens()
         job.previous_keys = self._agreement.previous_keys()
+        job.draft = self._agreement.draft()
         job.committed = len(self._agreement.committed)
         job.earlier = tuple(self._earlier)
         job.word_times = final and self.word_times

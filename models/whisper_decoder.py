@@ -183,7 +183,6 @@ class _Row:
         self.tokens: list[int] = []
         self.free_steps = 0
         self.done = False
-        self.hidden: Array = np.empty(0, np.float32)  # the last position's output, for the next token
         self.no_speech_prob: float | None = None
 
 
@@ -249,13 +248,22 @@ class WhisperDecoder:
         values = kv[:, self.width :].reshape(-1, self.heads, self.head_size).transpose(1, 0, 2)
         return np.ascontiguousarray(keys), np.ascontiguousarray(values)
 
-    def generate(self, windows: list[tuple[Array, list[int], int]]) -> list[Decoded]:
+    def generate(
+        self, windows: list[tuple[Array, list[int], int]], drafts: list[list[int]] | None = None
+    ) -> list[Decoded]:
         """Greedy decoding of each (encoder states of its audio, prompt, max_length)
         together, as CTranslate2's generate: ``prompt`` is previous text, the start of
         transcript, the task tokens up to ``<|notimestamps|>``, then the prefix the result
-        continues; ``max_length`` counts as CTranslate2 counts it."""
+        continues; ``max_length`` counts as CTranslate2 counts it.
+
+        ``drafts``: for each window, tokens its result may go on with (the last pass's
+        words after the prefix). They go through with the prompt, in one forward pass,
+        and each is kept while it is the token greedy decoding picks there: the result
+        is the same, and the tokens the draft guessed right cost no step of their own."""
         rows: list[_Row] = []
-        for encoded, prompt, max_length in windows:
+        guesses: list[list[int]] = []
+        checked: list[Array] = []  # per row, the outputs whose argmax is each next token
+        for k, (encoded, prompt, max_length) in enumerate(windows):
             n = encoded.shape[0]
             if n > self.window:
                 raise ValueError(f"{n} encoder positions, more than Whisper's window")
@@ -270,39 +278,52 @@ class WhisperDecoder:
             steps = min(max_length // 2, max_length - start, self.positions.shape[0] - len(prompt))
             if steps <= 0:
                 raise ValueError(f"no step left: max_length {max_length}, a {len(prompt)}-token prompt")
-            capacity = len(prompt) + steps
-            row = _Row(cross, capacity, self.heads, self.head_size)
+            row = _Row(cross, len(prompt) + steps, self.heads, self.head_size)
             row.tokens = list(prompt[start + 1 :])
             row.free_steps = steps
-            out = self._forward(self._embed(prompt, 0), [row], prompt_rows=True)
-            row.hidden = out[-1:]
+            draft = [t for t in (drafts[k] if drafts else [])[: steps - 1] if t < self.eot]
+            out = self._forward(self._embed(prompt + draft, 0), [row], prompt_rows=True)
             if not row.tokens:
                 sot = prompt.index(self.sot)
                 row.no_speech_prob = float(_softmax(self._logits(out[sot : sot + 1]))[0, self.no_speech])
             rows.append(row)
-        first = True
-        while live := [row for row in rows if not row.done]:
-            hidden = _layer_norm(np.concatenate([row.hidden for row in live]), self.final_ln)
-            best = self.vocabulary.argmax(hidden, self.suppress_begin if first else self.suppress)
-            first = False
-            step_rows: list[_Row] = []
-            for row, token in zip(live, best.tolist(), strict=True):
-                row.free_steps -= 1
-                if token == self.eot:
-                    row.done = True
-                    continue
-                row.tokens.append(token)
-                if row.free_steps == 0:
-                    row.done = True
-                    continue
-                step_rows.append(row)
-            if not step_rows:
-                break
+            guesses.append(draft)
+            checked.append(out[len(prompt) - 1 :])
+        # the first free step bans more tokens than the others
+        firsts = self.vocabulary.argmax(
+            _layer_norm(np.concatenate([c[:1] for c in checked]), self.final_ln), self.suppress_begin
+        ).tolist()
+        later = np.concatenate([c[1:] for c in checked])
+        after = (
+            self.vocabulary.argmax(_layer_norm(later, self.final_ln), self.suppress).tolist()
+            if len(later)
+            else []
+        )
+        for row, draft, first in zip(rows, guesses, firsts, strict=True):
+            picks, after = [first, *after[: len(draft)]], after[len(draft) :]
+            kept = 0  # draft tokens picked where they stand: their keys and values are right
+            for pick in picks:
+                if not self._take(row, pick) or kept == len(draft) or pick != draft[kept]:
+                    break
+                kept += 1
+            row.length -= len(draft) - kept  # the rest of the draft was not the text
+        while step_rows := [row for row in rows if not row.done]:
             x = np.concatenate([self._embed([r.tokens[-1]], r.length) for r in step_rows])
             out = self._forward(x, step_rows, prompt_rows=False)
-            for row, hidden in zip(step_rows, out, strict=True):
-                row.hidden = hidden[None]
+            best = self.vocabulary.argmax(_layer_norm(out, self.final_ln), self.suppress).tolist()
+            for row, token in zip(step_rows, best, strict=True):
+                self._take(row, token)
         return [Decoded(row.tokens, row.no_speech_prob) for row in rows]
+
+    def _take(self, row: _Row, token: int) -> bool:
+        """The row's next token was picked: whether decoding goes on after it."""
+        row.free_steps -= 1
+        if token == self.eot:
+            row.done = True
+            return False
+        row.tokens.append(token)
+        row.done = row.free_steps == 0
+        return not row.done
 
     def _embed(self, tokens: list[int], position: int) -> Array:
         out: Array = self.vocabulary.weights[tokens] + self.positions[position : position + len(tokens)]

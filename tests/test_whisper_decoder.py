@@ -123,3 +123,41 @@ def test_a_few_rows_are_multiplied_row_by_row_with_the_same_result():
         assert out.shape == (m, 1152) and out.dtype == np.float32
         np.testing.assert_allclose(out, x @ w, rtol=1e-5, atol=1e-4)
     assert len(sizes) > ROW_BY_ROW  # both ways were taken
+
+
+def test_a_draft_changes_the_steps_taken_not_the_text(asr_engine, speech_set, monkeypatch):
+    """A draft (the last pass's words) goes through with the prompt and is kept only
+    where greedy decoding picks its tokens: right, wrong, cut short, too long or
+    nonsense, the tokens are those decoded without one, alone and in a batch; a right
+    draft leaves no step to take."""
+    decoder = asr_engine.decoder
+    steps = []
+    forward = decoder._forward
+
+    def counted(x, rows, prompt_rows):
+        if not prompt_rows:
+            steps.append(len(rows))
+        return forward(x, rows, prompt_rows)
+
+    monkeypatch.setattr(decoder, "_forward", counted)
+    cases, plains, frees = [], [], []
+    for utterance in list(speech_set)[:4]:
+        states = encoded(asr_engine, utterance.audio)
+        prompt = asr_engine.prompt([])
+        case = (states, prompt, limit(prompt, utterance.audio))
+        steps.clear()
+        plain = decoder.generate([case])[0].tokens
+        assert len(steps) == len(plain)  # one step a token after the first, and one for the end
+        cases.append(case)
+        plains.append(plain)
+        frees.append(plain)  # no prefix: the whole result is what a draft guesses
+    wrong = asr_engine.tokenizer.encode(" Completely different words here")
+    for case, plain, free in zip(cases, plains, frees, strict=True):
+        steps.clear()
+        assert decoder.generate([case], [free])[0].tokens == plain
+        assert steps == []  # every token, and the end, checked in the prompt's pass
+        others: list[list[int]] = [free[:3] + wrong, wrong, free[:-1], free + wrong, []]
+        for draft in others:
+            assert decoder.generate([case], [draft])[0].tokens == plain
+    drafts = [frees[0], frees[1][:2] + wrong, wrong, []]
+    assert [d.tokens for d in decoder.generate(cases, drafts)] == plains
