@@ -57,25 +57,27 @@ def _product_model(weights: npt.NDArray[np.int8]) -> bytes:
 
 
 class Int8Argmax:
-    def __init__(self, weights: Array, threads: int = 1) -> None:
+    def __init__(self, weights: Array) -> None:
         """``weights``: [vocabulary, width] float32 (a row per token)."""
         self.weights = np.ascontiguousarray(weights, np.float32)
         peak = np.abs(self.weights).max(1)
         self.scale = np.where(peak > 0, peak / 127, 1).astype(np.float32)
         quantized = np.rint(self.weights / self.scale[:, None]).astype(np.int8)
         self.l1 = np.abs(quantized, dtype=np.int32).sum(1, dtype=np.int32).astype(np.float32)
-        self._session = cpu_session(_product_model(quantized), threads)
+        self._session = cpu_session(_product_model(quantized))
         self.candidates = 0  # rows whose float32 logits were computed, over all calls
 
     def argmax(self, x: Array, banned: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         """The index of each row of ``x`` [rows, width]'s largest logit, ``banned``
         indices left out: `numpy.argmax` of the float32 ``x @ weights.T`` with those
         set to -inf."""
+        best = np.empty(x.shape[0], np.int64)
+        if not x.shape[0]:
+            return best
         peak = np.abs(x).max(1)
         s_x = np.where(peak > 0, peak / 127, 1).astype(np.float32)
         a = (np.rint(x / s_x[:, None]) + 128).astype(np.uint8)
         (integer,) = self._session.run(None, {"a": a})
-        best = np.empty(x.shape[0], np.int64)
         for r in range(x.shape[0]):
             screen = integer[r].astype(np.float32) * (s_x[r] * self.scale)
             bound = self.scale * (np.float32(0.5) * (s_x[r] * self.l1 + np.abs(x[r]).sum(dtype=np.float32)))

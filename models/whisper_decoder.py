@@ -260,6 +260,8 @@ class WhisperDecoder:
         words after the prefix). They go through with the prompt, in one forward pass,
         and each is kept while it is the token greedy decoding picks there: the result
         is the same, and the tokens the draft guessed right cost no step of their own."""
+        if not windows:
+            return []
         rows: list[_Row] = []
         guesses: list[list[int]] = []
         checked: list[Array] = []  # per row, the outputs whose argmax is each next token
@@ -290,15 +292,8 @@ class WhisperDecoder:
             guesses.append(draft)
             checked.append(out[len(prompt) - 1 :])
         # the first free step bans more tokens than the others
-        firsts = self.vocabulary.argmax(
-            _layer_norm(np.concatenate([c[:1] for c in checked]), self.final_ln), self.suppress_begin
-        ).tolist()
-        later = np.concatenate([c[1:] for c in checked])
-        after = (
-            self.vocabulary.argmax(_layer_norm(later, self.final_ln), self.suppress).tolist()
-            if len(later)
-            else []
-        )
+        firsts = self._best(np.concatenate([c[:1] for c in checked]), self.suppress_begin)
+        after = self._best(np.concatenate([c[1:] for c in checked]), self.suppress)
         for row, draft, first in zip(rows, guesses, firsts, strict=True):
             picks, after = [first, *after[: len(draft)]], after[len(draft) :]
             kept = 0  # draft tokens picked where they stand: their keys and values are right
@@ -310,10 +305,14 @@ class WhisperDecoder:
         while step_rows := [row for row in rows if not row.done]:
             x = np.concatenate([self._embed([r.tokens[-1]], r.length) for r in step_rows])
             out = self._forward(x, step_rows, prompt_rows=False)
-            best = self.vocabulary.argmax(_layer_norm(out, self.final_ln), self.suppress).tolist()
-            for row, token in zip(step_rows, best, strict=True):
+            for row, token in zip(step_rows, self._best(out, self.suppress), strict=True):
                 self._take(row, token)
         return [Decoded(row.tokens, row.no_speech_prob) for row in rows]
+
+    def _best(self, out: Array, banned: npt.NDArray[np.int64]) -> list[int]:
+        """The token each row of the decoder's output picks, ``banned`` left out."""
+        best: list[int] = self.vocabulary.argmax(_layer_norm(out, self.final_ln), banned).tolist()
+        return best
 
     def _take(self, row: _Row, token: int) -> bool:
         """The row's next token was picked: whether decoding goes on after it."""

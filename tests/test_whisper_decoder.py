@@ -140,7 +140,7 @@ def test_a_draft_changes_the_steps_taken_not_the_text(asr_engine, speech_set, mo
         return forward(x, rows, prompt_rows)
 
     monkeypatch.setattr(decoder, "_forward", counted)
-    cases, plains, frees = [], [], []
+    cases, plains = [], []
     for utterance in list(speech_set)[:4]:
         states = encoded(asr_engine, utterance.audio)
         prompt = asr_engine.prompt([])
@@ -149,15 +149,15 @@ def test_a_draft_changes_the_steps_taken_not_the_text(asr_engine, speech_set, mo
         plain = decoder.generate([case])[0].tokens
         assert len(steps) == len(plain)  # one step a token after the first, and one for the end
         cases.append(case)
-        plains.append(plain)
-        frees.append(plain)  # no prefix: the whole result is what a draft guesses
+        plains.append(plain)  # no prefix: the whole result is what a draft guesses
+    assert len(cases) == 4 and all(plains)
     wrong = asr_engine.tokenizer.encode(" Completely different words here")
-    for case, plain, free in zip(cases, plains, frees, strict=True):
+    for case, plain in zip(cases, plains, strict=True):
         steps.clear()
-        assert decoder.generate([case], [free])[0].tokens == plain
+        assert decoder.generate([case], [plain])[0].tokens == plain
         assert steps == []  # every token, and the end, checked in the prompt's pass
-        others: list[list[int]] = [free[:3] + wrong, wrong, free[:-1], free + wrong, []]
+        others: list[list[int]] = [plain[:3] + wrong, wrong, plain[:-1], plain + wrong, []]
         for draft in others:
             assert decoder.generate([case], [draft])[0].tokens == plain
-    drafts = [frees[0], frees[1][:2] + wrong, wrong, []]
+    drafts = [plains[0], plains[1][:2] + wrong, wrong, []]
     assert [d.tokens for d in decoder.generate(cases, drafts)] == plains
