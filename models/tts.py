@@ -1,14 +1,18 @@
 """Streaming TTS: piper voices, one shared engine, per-session streams of 20 ms frames.
 
-    text deltas ─► PhraseSplitter ─► phrase jobs ─► engine thread (piper, one at a time,
-                                                    first phrases before later ones)
+    text deltas ─► PhraseSplitter ─► phrase jobs ─┬► first-phrase thread (turns' first phrases)
+                                                    └► later-phrase thread (the rest)
     TtsStream.frames() ◄─ WordMarks + AudioFrames (20 ms at the voice's rate) ◄─┘
+
+A turn's first phrase is what the caller waits for; later phrases are ready long before
+they play. Each kind has its own worker thread, so a first phrase never waits for a
+later phrase being decoded (the two share the cores as the OS schedules them).
 
 The voice runs in two parts (`models.voice_parts`): its first part gives a sentence's
 latent frames and how many each phoneme lasts, the decoder turns frames into samples.
 A turn's first phrase is decoded in spans, its first 186 ms alone, and each span goes
-out as soon as it is decoded, when no other phrase waits for the engine; other phrases
-are decoded whole (later ones are ready long before they play).
+out as soon as it is decoded, when no other first phrase waits; other phrases are
+decoded whole.
 
 Word marks come from the phonemes' frames: a word is its phonemes between espeak's
 spaces. Where espeak's words are not the text's (a number read out as two words), or
@@ -26,7 +30,6 @@ loudness jump between phrases of a streamed reply; a fixed gain is used instead.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import logging
 import queue
@@ -105,8 +108,20 @@ TTS_THREADS = 1
 FIRST_FRAMES = 16  # a first phrase's first span: 16 latent frames, 186 ms at 22.05 kHz
 
 
+@dataclass
+class _Lane:
+    """One worker thread and its queue: turns' first phrases, or the rest."""
+
+    name: str
+    jobs: queue.Queue[_Job | None] = field(default_factory=queue.Queue)
+    thread: threading.Thread | None = None
+    busy_s: float = 0.0  # synthesis time, for the real-time factor
+    audio_s: float = 0.0
+
+
 class TtsEngine:
-    """One piper voice, shared by all sessions; synthesis runs on one worker thread."""
+    """One piper voice, shared by all sessions; synthesis runs on two worker threads,
+    one for turns' first phrases, one for the rest."""
 
     def __init__(self, voice_path: str | Path, deterministic: bool = False, split: bool = True) -> None:
         from piper import PiperConfig, PiperVoice, SynthesisConfig
@@ -130,34 +145,43 @@ class TtsEngine:
             ],
             dtype=np.float32,
         )
-        self._jobs: queue.PriorityQueue[tuple[int, int, _Job | None]] = queue.PriorityQueue()
-        self._seq = itertools.count()
-        self.busy_s = 0.0  # synthesis time, for the real-time factor
-        self.audio_s = 0.0
-        self._thread = self._worker()
+        self._espeak = threading.Lock()
+        self._first, self._later = _Lane("first"), _Lane("later")
+        self._lanes = (self._first, self._later)
+        for lane in self._lanes:
+            self._start(lane)
 
-    def _worker(self) -> threading.Thread:
-        thread = threading.Thread(target=self._work, name="tts-engine", daemon=True)
-        thread.start()
-        return thread
+    def _start(self, lane: _Lane) -> None:
+        lane.thread = threading.Thread(target=self._work, args=(lane,), name=f"tts-{lane.name}", daemon=True)
+        lane.thread.start()
+
+    @property
+    def busy_s(self) -> float:
+        """Synthesis time so far, for the real-time factor."""
+        return sum(lane.busy_s for lane in self._lanes)
+
+    @property
+    def audio_s(self) -> float:
+        return sum(lane.audio_s for lane in self._lanes)
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive()
+        return all(lane.thread is not None and lane.thread.is_alive() for lane in self._lanes)
 
     def restart(self) -> int:
-        """Start a new worker if the one there was died (1), else nothing (0). The queue
-        is kept: the phrases waiting in it are synthesized by the new worker."""
-        if self._thread.is_alive():
-            return 0
-        self._thread = self._worker()
-        return 1
+        """Start a new worker for each one that died; how many. The queues are kept: the
+        phrases waiting in them are synthesized by the new workers."""
+        dead = [lane for lane in self._lanes if lane.thread is None or not lane.thread.is_alive()]
+        for lane in dead:
+            self._start(lane)
+        return len(dead)
 
     def close(self) -> None:
-        """Stop the worker after the phrase in progress; idempotent."""
-        if self._thread.is_alive():
-            self._jobs.put((-1, next(self._seq), None))
-            self._thread.join(timeout=5)
+        """Stop the workers after the phrases in progress; idempotent."""
+        for lane in self._lanes:
+            if lane.thread is not None and lane.thread.is_alive():
+                lane.jobs.put(None)
+                lane.thread.join(timeout=5)
 
     def stream(self, splitter: PhraseSplitter | None = None) -> TtsStream:
         return TtsStream(self, splitter or PhraseSplitter())
@@ -176,14 +200,15 @@ class TtsEngine:
         ``first_frames``, its first sentence's first frames are a piece of their own.
         Once ``stop`` is set, no more is decoded."""
         if self.parts is None:
-            chunks = [c.audio_float_array for c in self.voice.synthesize(text, self._syn_config)]
+            with self._espeak:  # piper phonemizes inside
+                chunks = [c.audio_float_array for c in self.voice.synthesize(text, self._syn_config)]
             audio = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
             yield Piece(self._pcm(audio), self._estimate_words(text, *voiced_span(audio, self.sample_rate)))
             return
         parts = self.parts
         sentences = [
             (ph, parts.encode(self.voice.phonemes_to_ids(ph), self._scales))
-            for ph in self.voice.phonemize(text)
+            for ph in self._phonemize(text)
             if ph
         ]
         words: Words | None = self._words(text, sentences)
@@ -195,6 +220,10 @@ class TtsEngine:
                 words = None
         if words is not None:  # nothing to say
             yield Piece(np.zeros(0, np.int16), words)
+
+    def _phonemize(self, text: str) -> list[list[str]]:
+        with self._espeak:  # espeak-ng keeps its state in globals: one caller at a time
+            return self.voice.phonemize(text)
 
     @staticmethod
     def _pcm(audio: npt.NDArray[np.float32]) -> npt.NDArray[np.int16]:
@@ -226,29 +255,28 @@ class TtsEngine:
             return []
         weights = []
         for w in words:
-            phonemes = [p for sentence in self.voice.phonemize(w.group()) for p in sentence]
+            phonemes = [p for sentence in self._phonemize(w.group()) for p in sentence]
             core = sum(1 for p in phonemes if p not in _STRESS and not p.isspace() and p not in _PAUSE_WEIGHT)
             weights.append(max(core, 1) + _PAUSE_WEIGHT.get(w.group()[-1], 0.0))
         edges = start + (end - start) * np.concatenate([[0.0], np.cumsum(weights)]) / sum(weights)
         bounds = np.rint(edges).astype(int)
         return [(w.start(), w.end(), int(bounds[i]), int(bounds[i + 1])) for i, w in enumerate(words)]
 
-    def _work(self) -> None:
+    def _work(self, lane: _Lane) -> None:
         while True:
-            _, _, job = self._jobs.get()
+            job = lane.jobs.get()
             if job is None:
                 return
             if job.cancelled.is_set():
                 continue
             started = time.perf_counter()
-            # A first phrase in spans only while nothing else waits for the engine: always
-            # in spans, 8 sessions had 135 audio gaps over 100 ms (one run), against 50 with
-            # whole phrases and 45 with this rule (Intel Xeon, AMX yes)
-            spans = FIRST_FRAMES if job.first and self._jobs.empty() else None
+            # A first phrase in spans only while no other first phrase waits: in spans,
+            # decoding costs more (context around each span)
+            spans = FIRST_FRAMES if job.first and lane.jobs.empty() else None
             try:  # a cut (job.cancelled) stops the phrase's decoding
                 for piece in self.pieces(job.text, spans, job.cancelled):
                     job.deliver(piece)
-                    self.audio_s += piece.audio.size / self.sample_rate
+                    lane.audio_s += piece.audio.size / self.sample_rate
             except Exception as e:  # a bad phrase fails its stream, not the engine
                 log.exception("synthesis failed for a phrase of %d chars", len(job.text))
                 job.deliver(e)
@@ -256,12 +284,11 @@ class TtsEngine:
                 job.deliver(RuntimeError("the TTS worker stopped during this phrase"))
                 raise
             finally:
-                self.busy_s += time.perf_counter() - started
+                lane.busy_s += time.perf_counter() - started
             job.deliver(None)
 
     def submit(self, job: _Job) -> None:
-        # First phrases of a turn jump ahead of later phrases of other turns.
-        self._jobs.put((0 if job.first else 1, next(self._seq), job))
+        (self._first if job.first else self._later).jobs.put(job)
 
 
 @dataclass(eq=False)

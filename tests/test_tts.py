@@ -109,6 +109,30 @@ async def test_first_phrases_jump_the_queue(tts_engine):
     assert max(busy_marks_before) < 2 * len(sentence)
 
 
+async def test_a_first_phrase_does_not_wait_for_a_later_phrase_in_synthesis(tts_engine):
+    """Turns' first phrases have a worker of their own: one submitted while another
+    turn's long later phrase is being decoded comes out before it (with one worker for
+    both, it waited for that phrase to end)."""
+    from models.tts import _Job
+
+    loop = asyncio.get_running_loop()
+    later = _Job(" ".join(["and then the story went on and on through the night"] * 3) + ".", False, loop)
+    first = _Job("Yes, sure.", True, loop)
+    tts_engine.submit(later)
+    await asyncio.sleep(0.02)  # the later phrase is in synthesis (it takes ~0.2 s)
+    tts_engine.submit(first)
+    order: list[str] = []
+
+    async def drain(name: str, job: _Job) -> None:
+        while (piece := await job.pieces.get()) is not None:
+            assert not isinstance(piece, BaseException)
+            order.append(name)
+
+    await asyncio.gather(drain("later", later), drain("first", first))
+    assert order.count("later") == 1 and order.count("first") >= 2  # decoded whole; in spans
+    assert order[0] == "first" and order[-1] == "later", order
+
+
 async def _cancel_later(stream) -> None:
     await asyncio.sleep(2.0)
     stream.cancel()
