@@ -53,9 +53,10 @@ async def test_marks_are_monotonic_and_cover_every_word(tts_engine):
 
 
 async def test_streamed_deltas_give_the_same_audio_as_one_push(tts_engine):
-    """The same phrases, the same audio. The first phrase goes in spans or whole as the
-    engine's worker finds its queue when it takes it (a race with the later phrases'
-    submission), so the samples agree within the spans' bound, not to the bit."""
+    """The same phrases, the same audio. Whether a first phrase is decoded in spans or
+    whole depends on what else waits for the engine (other turns' first phrases), not on
+    the text's deltas, so the samples are compared within the spans' bound, not to the bit
+    (to the bit, this test raced the engine before first phrases had their own worker)."""
     _, a = await collect(tts_engine, REPLY, step=3)
     _, b = await collect(tts_engine, REPLY, step=1000)
     ours, theirs = (np.concatenate([f.samples for f in x]).astype(np.int32) for x in (a, b))
@@ -119,7 +120,7 @@ async def test_a_first_phrase_does_not_wait_for_a_later_phrase_in_synthesis(tts_
     later = _Job(" ".join(["and then the story went on and on through the night"] * 3) + ".", False, loop)
     first = _Job("Yes, sure.", True, loop)
     tts_engine.submit(later)
-    await asyncio.sleep(0.02)  # the later phrase is in synthesis (it takes ~0.2 s)
+    await asyncio.sleep(0.02)  # the later phrase is in synthesis by then
     tts_engine.submit(first)
     order: list[str] = []
 
