@@ -118,6 +118,10 @@ class _Lane:
     busy_s: float = 0.0  # synthesis time, for the real-time factor
     audio_s: float = 0.0
 
+    @property
+    def alive(self) -> bool:
+        return self.thread is not None and self.thread.is_alive()
+
 
 class TtsEngine:
     """One piper voice, shared by all sessions; synthesis runs on two worker threads,
@@ -166,12 +170,12 @@ class TtsEngine:
 
     @property
     def alive(self) -> bool:
-        return all(lane.thread is not None and lane.thread.is_alive() for lane in self._lanes)
+        return all(lane.alive for lane in self._lanes)
 
     def restart(self) -> int:
         """Start a new worker for each one that died; how many. The queues are kept: the
         phrases waiting in them are synthesized by the new workers."""
-        dead = [lane for lane in self._lanes if lane.thread is None or not lane.thread.is_alive()]
+        dead = [lane for lane in self._lanes if not lane.alive]
         for lane in dead:
             self._start(lane)
         return len(dead)
@@ -179,8 +183,10 @@ class TtsEngine:
     def close(self) -> None:
         """Stop the workers after the phrases in progress; idempotent."""
         for lane in self._lanes:
-            if lane.thread is not None and lane.thread.is_alive():
+            if lane.alive:
                 lane.jobs.put(None)
+        for lane in self._lanes:  # both told first: they finish their phrases side by side
+            if lane.thread is not None:
                 lane.thread.join(timeout=5)
 
     def stream(self, splitter: PhraseSplitter | None = None) -> TtsStream:
