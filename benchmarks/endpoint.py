@@ -3,6 +3,7 @@
 A policy ends the caller's turn after ``end_of_turn_ms`` of silence, or after
 ``complete_turn_ms`` when the LLM judges the words so far a finished turn (its
 probability of the end of the user's message there at least ``threshold``), or after
+``certain_turn_ms`` when it is nearly sure (at least ``certain_threshold``), or after
 ``unfinished_turn_ms`` when it judges them unfinished (under ``unfinished_threshold``;
 see `duplex.turn_policy.silence_to_end`). Silence alone is the policy with no threshold.
 
@@ -28,7 +29,7 @@ waited (``session_silence_waited_ms``, which counts the time the ASR and the LLM
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -41,7 +42,7 @@ from benchmarks.common import bench_main, new_plot, percentiles, save_plot
 from benchmarks.conversation import clips_for, run_sessions, with_engines
 from duplex.config import Config
 from duplex.engines import Engines
-from duplex.session_config import SessionConfig
+from duplex.session_config import JUDGED_PAUSE_MS, SessionConfig
 from models.conversation import Conversation
 from models.listen import Listener, ListenEventKind
 from models.speech_set import SENTENCES
@@ -49,7 +50,7 @@ from models.tts import voiced_span
 from models.vad import VadConfig
 
 CHUNK = RUNTIME_RATE // 50  # fed in 20 ms frames, as a transport would
-SCORED_PAUSE_MS = 96  # every pause this long is transcribed and scored (sessions: 96-192)
+SCORED_PAUSE_MS = JUDGED_PAUSE_MS  # every pause this long is transcribed and scored, as in a session
 MID_SENTENCE = (  # (words before the pause, after it)
     ("I'd like to book a table for", "four people at seven tonight."),
     ("My number is four one five", "two six seven, eight nine."),
@@ -74,12 +75,17 @@ class Policy:
     threshold: float = 0.0
     unfinished_turn_ms: int | None = None  # None: no longer wait after unfinished words
     unfinished_threshold: float = 0.0
+    certain_turn_ms: int | None = None  # None: no shorter wait after surer words
+    certain_threshold: float = 1.0
 
     @property
     def name(self) -> str:
         if self.complete_turn_ms is None:
             return f"silence {self.end_of_turn_ms}"
-        name = f"meaning {self.complete_turn_ms}/{self.threshold:g} else {self.end_of_turn_ms}"
+        name = f"meaning {self.complete_turn_ms}/{self.threshold:g}"
+        if self.certain_turn_ms is not None:
+            name += f" ({self.certain_turn_ms}/{self.certain_threshold:g})"
+        name += f" else {self.end_of_turn_ms}"
         if self.unfinished_turn_ms is not None:
             name += f", under {self.unfinished_threshold:g} {self.unfinished_turn_ms}"
         return name
@@ -101,6 +107,8 @@ class Policy:
             complete_turn_threshold=self.threshold,
             unfinished_turn_ms=self.unfinished_turn_ms or self.end_of_turn_ms,
             unfinished_turn_threshold=self.unfinished_threshold,
+            certain_turn_ms=self.certain_turn_ms or self.complete_turn_ms,
+            certain_turn_threshold=self.certain_threshold,
         )
 
 
@@ -111,7 +119,10 @@ DEFAULT = Policy(
     _DEFAULTS.complete_turn_threshold,
     _DEFAULTS.unfinished_turn_ms,
     _DEFAULTS.unfinished_turn_threshold,
+    _DEFAULTS.certain_turn_ms,
+    _DEFAULTS.certain_turn_threshold,
 )
+UNSURE = replace(DEFAULT, certain_turn_ms=None, certain_threshold=1.0)  # the defaults without the surer wait
 POLICIES = (
     Policy(300),
     Policy(500),
@@ -119,9 +130,10 @@ POLICIES = (
     *(Policy(500, ms, p) for ms in (200, 250, 300, 350) for p in (0.1, 0.2, 0.3, 0.5)),
     Policy(800, 300, 0.2),
     *(Policy(500, 300, 0.3, ms, p) for ms in (700, 800) for p in (0.01, 0.02, 0.05)),
+    *(Policy(500, 300, 0.3, 800, 0.02, ms, p) for ms in (200, 250) for p in (0.8, 0.9, 0.95)),
 )
 assert DEFAULT in POLICIES, "the defaults are among the policies measured"
-TIMED = (Policy(500), Policy(500, 300, 0.3), DEFAULT)  # silence alone, meaning alone, the defaults
+TIMED = (Policy(500), Policy(500, 300, 0.3), UNSURE, DEFAULT)  # silence alone, meaning alone, the defaults
 
 
 @dataclass(frozen=True)
@@ -241,8 +253,9 @@ def bench_endpoint(config: Config, turns: int = 10, recordings: list[str] | None
     return with_engines(
         config,
         body,
-        "split_rate: turns a policy would end at a pause inside them (every pause of 96 ms or more "
-        "transcribed and scored by the LLM, as a session does); silence_waited_ms: at the turns' real "
+        "split_rate: turns a policy would end at a pause inside them (every pause of "
+        f"{SCORED_PAUSE_MS} ms or more transcribed and scored by the LLM, as a session does); "
+        "silence_waited_ms: at the turns' real "
         "end; v2v_ms: one real-time session of questions with echo at -20 dB",
     )
 

@@ -15,9 +15,11 @@ if TYPE_CHECKING:
 
 MAX_SYSTEM_PROMPT = 8000  # characters
 # A pause this long starts the judgement of the caller's turn: the final pass, the LLM's
-# score and the held reply (measured: 96 ms instead of 192 brings the reply ~100 ms
-# sooner, see docs/performance.md "End of turn")
-JUDGED_PAUSE_MS = 96
+# score and the held reply. One VAD window, the soonest the VAD can tell: 96 ms instead
+# of 192 brought the reply ~100 ms sooner, and 32 instead of 96 lets it be ready by
+# `certain_turn_ms` at one session; pauses of 32-63 ms inside an utterance are rare (2 in
+# 33 utterances: docs/performance.md)
+JUDGED_PAUSE_MS = 32
 
 
 def check_system_prompt(prompt: object) -> str | None:
@@ -43,6 +45,10 @@ class SessionConfig:
     # the reply is not ready sooner on 2 cores)
     complete_turn_ms: int = 300
     complete_turn_threshold: float = 0.3  # the LLM's probability that the user's message ends there
+    # ... or this much, after words it is nearly sure end the turn (duplex bench endpoint:
+    # no pause inside a turn of its sets scored this high)
+    certain_turn_ms: int = 250
+    certain_turn_threshold: float = 0.9
     # ... or this much, after words it judges unfinished ("so the thing is,": a probability
     # under the threshold; duplex bench endpoint's pauses that silence alone split
     # scored 0.0-0.014, real ends of statements 0.002-0.18)
@@ -76,6 +82,8 @@ class SessionConfig:
         "end_of_turn_ms",
         "complete_turn_ms",
         "complete_turn_threshold",
+        "certain_turn_ms",
+        "certain_turn_threshold",
         "unfinished_turn_ms",
         "unfinished_turn_threshold",
         "end_of_turn_by_meaning",
@@ -99,6 +107,7 @@ class SessionConfig:
         for key, low, high in (
             ("end_of_turn_ms", 200, 5000),
             ("complete_turn_ms", 100, 5000),
+            ("certain_turn_ms", 100, 5000),
             ("unfinished_turn_ms", 200, 5000),
             ("barge_in_min_speech_ms", 20, 1000),
             ("speech_prefix_ms", 0, 2000),
@@ -115,7 +124,7 @@ class SessionConfig:
             or not 0.2 <= threshold <= 0.95
         ):
             raise SessionError("bad_config", "vad_threshold must be a number from 0.2 to 0.95")
-        for key in ("complete_turn_threshold", "unfinished_turn_threshold"):
+        for key in ("complete_turn_threshold", "certain_turn_threshold", "unfinished_turn_threshold"):
             score = getattr(self, key)
             if isinstance(score, bool) or not isinstance(score, int | float) or not 0 <= score <= 1:
                 raise SessionError("bad_config", f"{key} must be a number from 0 to 1")
@@ -149,10 +158,18 @@ class SessionConfig:
         return policy.silence_to_end(
             score,
             self.end_of_turn_ms,
-            self.complete_turn_ms,
-            self.complete_turn_threshold,
+            self.finished_turn_rules,
             self.unfinished_turn_ms,
             self.unfinished_turn_threshold,
+        )
+
+    @property
+    def finished_turn_rules(self) -> tuple[tuple[float, int], ...]:
+        """(threshold, ms): words the LLM scores at least a threshold end the turn after
+        its silence (`turn_policy.silence_to_end`)."""
+        return (
+            (self.complete_turn_threshold, self.complete_turn_ms),
+            (self.certain_turn_threshold, self.certain_turn_ms),
         )
 
     def vad(self, base: VadConfig) -> VadConfig:
@@ -166,7 +183,7 @@ class SessionConfig:
         return replace(
             base,
             min_silence_ms=self.end_of_turn_ms,
-            pause_ms=min(pause_ms, self.complete_turn_ms, self.end_of_turn_ms),
+            pause_ms=min(pause_ms, self.complete_turn_ms, self.certain_turn_ms, self.end_of_turn_ms),
             threshold=self.vad_threshold,
             prefix_pad_ms=self.speech_prefix_ms,
         )

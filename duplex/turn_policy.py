@@ -5,8 +5,9 @@ gathers the inputs and acts on the verdicts.
 
 The rules. The end of the caller's turn is a pause whose length depends on how finished
 the LLM judges the words before it (`silence_to_end`): short after a finished turn
-(``complete_turn_ms``), long after an unfinished one (``unfinished_turn_ms``), else
-``end_of_turn_ms``, the VAD's silence. Words whose judgement could not come before that
+(``complete_turn_ms``), shorter after one it is nearly sure of (``certain_turn_ms``),
+long after an unfinished one (``unfinished_turn_ms``), else ``end_of_turn_ms``, the
+VAD's silence. Words whose judgement could not come before that
 silence runs out (`judgement_in_time`) are not judged: the reply need not wait for it.
 Speech that starts while the assistant talks is first checked against the echo of what
 was sent (`EchoGate`): echo is ignored, utterance and all. Otherwise
@@ -169,22 +170,23 @@ def finished_turn(text: str, over_reply_said: str | None, answer_turns: bool) ->
 def silence_to_end(
     score: float | None,
     end_ms: int,
-    complete_ms: int,
-    complete_threshold: float,
+    finished: tuple[tuple[float, int], ...],
     unfinished_ms: int,
     unfinished_threshold: float,
 ) -> int:
     """The caller is in a pause after words the LLM has judged (``score``: the
     probability it gives the end of the user's message right after them; None: not
-    known, or not to be used): how long a silence ends their turn. A finished turn
-    (``score`` at least ``complete_threshold``) ends after ``complete_ms``, never more
-    than others; an unfinished one (under ``unfinished_threshold``: "what I really want
-    to know is,") waits ``unfinished_ms``, never less than others; other words, and
-    words not judged, ``end_ms``."""
+    known, or not to be used): how long a silence ends their turn. ``finished``:
+    (threshold, ms) pairs: words scored at least a threshold end the turn after its ms,
+    never more than others (the shortest of the pairs they pass: a surer end, a shorter
+    wait); an unfinished one (under ``unfinished_threshold``: "what I really want to
+    know is,") waits ``unfinished_ms``, never less than others; other words, and words
+    not judged, ``end_ms``."""
     if score is None:
         return end_ms
-    if score >= complete_threshold:
-        return min(complete_ms, end_ms)
+    passed = [ms for threshold, ms in finished if score >= threshold]
+    if passed:
+        return min(*passed, end_ms)
     if score < unfinished_threshold:
         return max(unfinished_ms, end_ms)
     return end_ms

@@ -70,10 +70,25 @@ async def test_a_finished_question_ends_its_turn_by_meaning_before_the_silence_w
     # much sooner than 500 ms is measured by `duplex bench endpoint`, not asserted: the
     # pause's ASR pass and score take 400-560 ms of silence on 2 AVX2 cores (AMD EPYC
     # Zen 1, in this test), under 400 ms with AMX
-    assert config.complete_turn_ms <= metrics.data["silence_waited_ms"] < config.end_of_turn_ms
+    score = metrics.data["end_of_turn_score"]
+    assert config.silence_to_end(score) <= metrics.data["silence_waited_ms"] < config.end_of_turn_ms
     # the reply prepared in the pause began once the LLM had judged the words
     assert 0 <= metrics.data["end_of_turn_score_ms"] <= metrics.data["llm_first_token_ms"], metrics.data
     assert "Paris" in "".join(e.data["delta"] for e in caller.of_type(ev.TEXT_DELTA))
+    nothing_played_before_the_turn_ended(caller)
+    # words the LLM is nearly sure of end the turn sooner still: here every judged pause
+    # counts as sure (threshold 0), and the sure wait (400 ms) is the shorter one
+    session, caller, _ = await converse(
+        engines,
+        [Silence(0.3), Speak(question), UntilReplyDone(timeout=30, after=0.3)],
+        end_of_turn_ms=1500,
+        complete_turn_ms=1200,
+        certain_turn_ms=400,
+        certain_turn_threshold=0.0,
+    )
+    (metrics,) = caller.of_type(ev.METRICS)
+    assert "end_of_turn_score" in metrics.data, metrics.data
+    assert 400 <= metrics.data["silence_waited_ms"] < 1200
     nothing_played_before_the_turn_ended(caller)
     # and with it off, the same question waits for the whole silence
     session, caller, _ = await converse(

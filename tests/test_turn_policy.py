@@ -185,7 +185,10 @@ def test_should_speculate(
 @pytest.mark.parametrize(
     ("score", "silence_ms"),
     [
-        (0.7, 200),  # a finished question: the short silence
+        (0.97, 100),  # a question it is nearly sure of: the shortest silence
+        (0.95, 100),  # that threshold itself is enough
+        (0.94, 200),  # else a finished question: the short silence
+        (0.7, 200),
         (0.2, 200),  # the threshold itself is enough
         (0.19, 500),  # words neither finished nor unfinished: the whole silence
         (0.05, 500),  # the unfinished threshold itself is not unfinished
@@ -195,7 +198,9 @@ def test_should_speculate(
     ],
 )
 def test_silence_to_end(score: float | None, silence_ms: int) -> None:
-    assert silence_to_end(score, 500, 200, 0.2, 900, 0.05) == silence_ms
+    assert silence_to_end(score, 500, ((0.2, 200), (0.95, 100)), 900, 0.05) == silence_ms
+    # the order of the rules does not matter: the shortest wait of those passed
+    assert silence_to_end(score, 500, ((0.95, 100), (0.2, 200)), 900, 0.05) == silence_ms
 
 
 @pytest.mark.parametrize(
@@ -228,8 +233,12 @@ def test_the_judgements_time_is_a_weighted_mean_of_those_measured() -> None:
 
 
 def test_the_session_settings_choose_the_silence_and_the_vad_ends_after_end_of_turn_ms() -> None:
-    config = SessionConfig(end_of_turn_ms=600, complete_turn_ms=250, unfinished_turn_ms=1000)
-    assert [config.silence_to_end(p) for p in (0.9, 0.1, 0.001, None)] == [250, 600, 1000, 600]
+    config = SessionConfig(
+        end_of_turn_ms=600, complete_turn_ms=250, certain_turn_ms=150, unfinished_turn_ms=1000
+    )
+    assert [config.silence_to_end(p) for p in (0.95, 0.5, 0.1, 0.001, None)] == [150, 250, 600, 1000, 600]
+    # a surer end never waits longer than a finished one (a client's shorter complete_turn_ms)
+    assert SessionConfig(complete_turn_ms=200).silence_to_end(0.95) == 200
     # the VAD ends the utterance after end_of_turn_ms: the session ends it sooner, or has
     # the VAD hold the pause longer (`VadStream.hold_pause`)
     assert config.vad(VadConfig()).min_silence_ms == 600
@@ -249,6 +258,10 @@ def test_the_session_settings_choose_the_silence_and_the_vad_ends_after_end_of_t
         {"complete_turn_threshold": 1.5},
         {"complete_turn_threshold": "high"},
         {"complete_turn_threshold": True},
+        {"certain_turn_ms": 99},
+        {"certain_turn_ms": "soon"},
+        {"certain_turn_threshold": 2},
+        {"certain_turn_threshold": False},
         {"end_of_turn_by_meaning": "yes"},
         {"unfinished_turn_ms": 100},
         {"unfinished_turn_ms": "long"},
