@@ -133,7 +133,8 @@ POLICIES = (
     *(Policy(500, 300, 0.3, 800, 0.02, ms, p) for ms in (200, 250) for p in (0.8, 0.9, 0.95)),
 )
 assert DEFAULT in POLICIES, "the defaults are among the policies measured"
-TIMED = (Policy(500), Policy(500, 300, 0.3), UNSURE, DEFAULT)  # silence alone, meaning alone, the defaults
+# silence alone, meaning alone, the defaults without the surer wait, the defaults
+TIMED = (Policy(500), Policy(500, 300, 0.3), UNSURE, DEFAULT)
 
 
 @dataclass(frozen=True)
@@ -255,8 +256,8 @@ def bench_endpoint(config: Config, turns: int = 10, recordings: list[str] | None
         body,
         "split_rate: turns a policy would end at a pause inside them (every pause of "
         f"{SCORED_PAUSE_MS} ms or more transcribed and scored by the LLM, as a session does); "
-        "silence_waited_ms: at the turns' real "
-        "end; v2v_ms: one real-time session of questions with echo at -20 dB",
+        "silence_waited_ms: at the turns' real end; "
+        "v2v_ms: one real-time session of questions with echo at -20 dB",
     )
 
 

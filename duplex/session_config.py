@@ -183,7 +183,7 @@ class SessionConfig:
         return replace(
             base,
             min_silence_ms=self.end_of_turn_ms,
-            pause_ms=min(pause_ms, self.complete_turn_ms, self.certain_turn_ms, self.end_of_turn_ms),
+            pause_ms=min(pause_ms, *(ms for _, ms in self.finished_turn_rules), self.end_of_turn_ms),
             threshold=self.vad_threshold,
             prefix_pad_ms=self.speech_prefix_ms,
         )
