@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -249,7 +250,10 @@ class WhisperDecoder:
         return np.ascontiguousarray(keys), np.ascontiguousarray(values)
 
     def generate(
-        self, windows: list[tuple[Array, list[int], int]], drafts: list[list[int]] | None = None
+        self,
+        windows: list[tuple[Array, list[int], int]],
+        drafts: list[list[int]] | None = None,
+        between_steps: Callable[[], None] | None = None,
     ) -> list[Decoded]:
         """Greedy decoding of each (encoder states of its audio, prompt, max_length)
         together, as CTranslate2's generate: ``prompt`` is previous text, the start of
@@ -259,7 +263,10 @@ class WhisperDecoder:
         ``drafts``: for each window, tokens its result may go on with (the last pass's
         words after the prefix). They go through with the prompt, in one forward pass,
         and each is kept while it is the token greedy decoding picks there: the result
-        is the same, and the tokens the draft guessed right cost no step of their own."""
+        is the same, and the tokens the draft guessed right cost no step of their own.
+
+        ``between_steps`` is called before each step after the prompts' (the ASR worker
+        runs waiting finals there, in the middle of a partial pass)."""
         if not windows:
             return []
         rows: list[_Row] = []
@@ -303,6 +310,8 @@ class WhisperDecoder:
                 kept += 1
             row.length -= len(draft) - kept  # the rest of the draft was not the text
         while step_rows := [row for row in rows if not row.done]:
+            if between_steps is not None:
+                between_steps()
             x = np.concatenate([self._embed([r.tokens[-1]], r.length) for r in step_rows])
             out = self._forward(x, step_rows, prompt_rows=False)
             for row, token in zip(step_rows, self._best(out, self.suppress), strict=True):

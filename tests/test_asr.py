@@ -298,6 +298,8 @@ async def test_a_partial_pass_that_heard_past_the_last_word_serves_as_the_final(
         final = await asr.finish(heard + 1600)
         assert final.text == alone
         assert asr_engine.finals_from_partials - reused == int(serves)
+        while asr_engine._running:  # noqa: ASYNC110 (a superseded partial stops at its next step)
+            await asyncio.sleep(0.01)
         assert asr_engine.passes - passes == (1 if serves else 2)
 
 
@@ -338,3 +340,52 @@ async def test_no_partial_pass_starts_once_the_voice_has_stopped(vad_engine, asr
         listener.close()
     assert during_voice >= 3  # ~2 s of voice, a pass every 200 ms of it
     assert in_silence == 0
+
+
+@pytest.mark.parametrize("taken_as_final", [False, True])
+async def test_a_final_runs_between_the_steps_of_a_partial_pass(asr_engine, speech_set, taken_as_final):
+    """A final queued while a long partial pass decodes runs at the partial's next step
+    and is delivered first; both get the words they get alone. A partial that a pause
+    took as its final (`AsrStream.pause`) is that final, and lets none run ahead."""
+    from models.asr import _Job, _Window
+
+    loop = asyncio.get_running_loop()
+    long = np.concatenate([u.audio for u in list(speech_set)[:5]]).astype(np.float32) / 32768
+    assert long.size > 10 * 16000  # dozens of decoding steps
+    short = speech_set[6].audio
+    partial_alone = asr_engine.transcribe_batch([_Window(long, 0, [], [])])[0].text
+    final_alone = asr_engine.transcribe(short)
+    partial = _Job(long, 0, [], False, loop)
+    partial.taken_as_final = taken_as_final
+    ahead = asr_engine.finals_ahead
+    asr_engine.submit(partial)
+    for _ in range(500):  # until the partial pass has begun
+        if partial in asr_engine._running:
+            break
+        await asyncio.sleep(0.005)
+    assert partial in asr_engine._running, "the partial pass did not begin"
+    final = asyncio.ensure_future(asr_engine.transcribe_queued(short))
+    order: list[str] = []
+    partial.future.add_done_callback(lambda _: order.append("partial"))
+    final.add_done_callback(lambda _: order.append("final"))
+    assert await final == final_alone and (await partial.future).text == partial_alone
+    assert order == (["partial", "final"] if taken_as_final else ["final", "partial"])
+    assert asr_engine.finals_ahead - ahead == int(not taken_as_final)
+
+
+async def test_a_pass_cancelled_while_it_runs_stops_at_its_next_step(asr_engine, speech_set):
+    """A partial pass whose stream no longer wants it (its final superseded it) stops
+    between two decoding steps instead of decoding on for nobody."""
+    from models.asr import _Job, _Superseded
+
+    long = np.concatenate([u.audio for u in list(speech_set)[:5]]).astype(np.float32) / 32768
+    partial = _Job(long, 0, [], False, asyncio.get_running_loop())
+    asr_engine.submit(partial)
+    for _ in range(500):  # until the pass has begun
+        if partial in asr_engine._running:
+            break
+        await asyncio.sleep(0.005)
+    assert partial in asr_engine._running, "the partial pass did not begin"
+    partial.cancelled = True
+    with pytest.raises(_Superseded):
+        await partial.future
