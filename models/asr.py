@@ -30,6 +30,7 @@ the event loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import queue
@@ -395,7 +396,7 @@ class AsrEngine:
         sessions (Intel Xeon, AMX) finals waited 55 ms p50 (147 p90) for the pass ahead,
         partials taking 109 ms. A partial taken as a pause's final does not yield: it is
         that final. A pass whose every request was cancelled meanwhile (a partial its
-        stream's final superseded) stops at its next step."""
+        stream's final superseded) stops at its next step, its futures cancelled."""
         started = time.perf_counter()
         yielded = 0.0  # time the finals run ahead took, not this pass's
 
@@ -414,7 +415,7 @@ class AsrEngine:
 
         with self._counter_lock:
             self._running.update(jobs)
-        results: list[_Hypothesis | BaseException]
+        results: list[_Hypothesis | BaseException] | None  # None: dropped, nobody waits for it
         try:
             windows = [_Window(j.audio, j.offset, j.prefix, j.previous, j.draft) for j in jobs]
             hypotheses = self.transcribe_batch(windows, finals_first)
@@ -427,8 +428,8 @@ class AsrEngine:
                 self.with_times(h) if h.tokens and (j.word_times if j.final else j.may_commit(h.words)) else h
                 for j, h in zip(jobs, hypotheses, strict=True)
             ]
-        except _Superseded as e:  # nobody waits for its words
-            results = [e] * len(jobs)
+        except _Superseded:
+            results = None
         except Exception as e:  # a bad pass fails its requests, not the engine
             log.exception("ASR pass failed (%d windows)", len(jobs))
             results = [e] * len(jobs)
@@ -444,9 +445,12 @@ class AsrEngine:
             self.passes += len(jobs)
             self.batches += 1
             self.busy_s += elapsed
-        for job, result in zip(jobs, results, strict=True):
+        for i, job in enumerate(jobs):
             job.compute_ms = elapsed * 1000
-            job.deliver(result)
+            if results is None:
+                job.drop()
+            else:
+                job.deliver(results[i])
 
 
 class _Superseded(Exception):
@@ -497,6 +501,12 @@ class _Job:
 
     def deliver(self, result: _Hypothesis | BaseException) -> None:
         resolve_from_thread(self.loop, self.future, result)
+
+    def drop(self) -> None:
+        """The pass stopped unfinished, its requests cancelled: the future is cancelled
+        (an exception there would be logged as never retrieved: nobody awaits it)."""
+        with contextlib.suppress(RuntimeError):  # the loop is closed
+            self.loop.call_soon_threadsafe(self.future.cancel)
 
 
 class AsrStream:
