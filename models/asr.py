@@ -30,7 +30,6 @@ the event loop.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import queue
@@ -45,7 +44,7 @@ import numpy.typing as npt
 
 from audio_io.pcm import RUNTIME_RATE, pcm16_to_float
 from models.agreement import HypWord, LocalAgreement, word_key
-from models.handoff import resolve_from_thread
+from models.handoff import cancel_from_thread, resolve_from_thread
 from models.whisper_decoder import WhisperDecoder
 
 log = logging.getLogger("duplex.asr")
@@ -503,10 +502,8 @@ class _Job:
         resolve_from_thread(self.loop, self.future, result)
 
     def drop(self) -> None:
-        """The pass stopped unfinished, its requests cancelled: the future is cancelled
-        (an exception there would be logged as never retrieved: nobody awaits it)."""
-        with contextlib.suppress(RuntimeError):  # the loop is closed
-            self.loop.call_soon_threadsafe(self.future.cancel)
+        """The pass stopped unfinished, its requests cancelled: nobody awaits it."""
+        cancel_from_thread(self.loop, self.future)
 
 
 class AsrStream:

@@ -27,8 +27,19 @@ def resolve_from_thread(
         else:
             future.set_result(result)
 
+    _on_loop(loop, resolve)
+
+
+def cancel_from_thread(loop: asyncio.AbstractEventLoop, future: asyncio.Future[T]) -> None:
+    """Cancel ``future`` on its loop: nobody waits for what it would have held (an
+    exception set there instead would be logged as never retrieved). Safe from any
+    thread; a closed loop is ignored."""
+    _on_loop(loop, future.cancel)
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop, call: Callable[[], object]) -> None:
     try:
-        loop.call_soon_threadsafe(resolve)
+        loop.call_soon_threadsafe(call)
     except RuntimeError:
         pass  # the loop is closed
 

@@ -342,6 +342,23 @@ async def test_no_partial_pass_starts_once_the_voice_has_stopped(vad_engine, asr
     assert in_silence == 0
 
 
+def long_audio(speech_set) -> np.ndarray:
+    """Over 10 s of speech as the worker takes it (float): dozens of decoding steps."""
+    audio = np.concatenate([u.audio for u in list(speech_set)[:5]]).astype(np.float32) / 32768
+    assert audio.size > 10 * 16000
+    return audio
+
+
+async def begun(engine, job) -> None:
+    """Submit a pass and wait until the worker runs it."""
+    engine.submit(job)
+    for _ in range(500):
+        if job in engine._running:
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("the pass did not begin")
+
+
 @pytest.mark.parametrize("taken_as_final", [False, True])
 async def test_a_final_runs_between_the_steps_of_a_partial_pass(asr_engine, speech_set, taken_as_final):
     """A final queued while a long partial pass decodes runs at the partial's next step
@@ -349,21 +366,14 @@ async def test_a_final_runs_between_the_steps_of_a_partial_pass(asr_engine, spee
     took as its final (`AsrStream.pause`) is that final, and lets none run ahead."""
     from models.asr import _Job, _Window
 
-    loop = asyncio.get_running_loop()
-    long = np.concatenate([u.audio for u in list(speech_set)[:5]]).astype(np.float32) / 32768
-    assert long.size > 10 * 16000  # dozens of decoding steps
+    long = long_audio(speech_set)
     short = speech_set[6].audio
     partial_alone = asr_engine.transcribe_batch([_Window(long, 0, [], [])])[0].text
     final_alone = asr_engine.transcribe(short)
-    partial = _Job(long, 0, [], False, loop)
+    partial = _Job(long, 0, [], False, asyncio.get_running_loop())
     partial.taken_as_final = taken_as_final
     ahead = asr_engine.finals_ahead
-    asr_engine.submit(partial)
-    for _ in range(500):  # until the partial pass has begun
-        if partial in asr_engine._running:
-            break
-        await asyncio.sleep(0.005)
-    assert partial in asr_engine._running, "the partial pass did not begin"
+    await begun(asr_engine, partial)
     final = asyncio.ensure_future(asr_engine.transcribe_queued(short))
     order: list[str] = []
     partial.future.add_done_callback(lambda _: order.append("partial"))
@@ -379,14 +389,8 @@ async def test_a_pass_cancelled_while_it_runs_stops_at_its_next_step(asr_engine,
     cancelled (delivered, it would have a result), and nothing is logged."""
     from models.asr import _Job
 
-    long = np.concatenate([u.audio for u in list(speech_set)[:5]]).astype(np.float32) / 32768
-    partial = _Job(long, 0, [], False, asyncio.get_running_loop())
-    asr_engine.submit(partial)
-    for _ in range(500):  # until the pass has begun
-        if partial in asr_engine._running:
-            break
-        await asyncio.sleep(0.005)
-    assert partial in asr_engine._running, "the partial pass did not begin"
+    partial = _Job(long_audio(speech_set), 0, [], False, asyncio.get_running_loop())
+    await begun(asr_engine, partial)
     partial.cancelled = True
     await asyncio.wait([partial.future], timeout=30)
     assert partial.future.cancelled()
