@@ -154,6 +154,7 @@ async def _session(
         "self_interruptions": _self_interruptions(caller, session.pauses),
         "audio_gaps": _audio_gaps(caller),
         "replies": len(created),
+        "heard_s": sum(f.samples for f in caller.frames) / engines.tts.sample_rate,
         "breakdowns": [e.data for e in caller.of_type(ev.METRICS)],
         "v2v_samples": samples,
     }
@@ -235,6 +236,7 @@ async def run_sessions(
     process = psutil.Process(os.getpid())
     rss0 = process.memory_info().rss
     cpu0 = process.cpu_times()
+    synthesized0 = engines.tts.audio_s
     started = time.perf_counter()
     try:
         results = await asyncio.gather(
@@ -259,6 +261,10 @@ async def run_sessions(
         "audio_gaps": sum(r["audio_gaps"] for r in results),
         "loop_lag_p99_ms": round(float(np.percentile(lags, 99)), 1) if lags else None,
         "replies": sum(r["replies"] for r in results),
+        # the replies' audio the TTS made, and what of it reached the callers (the rest was
+        # cut before it played)
+        "speech_synthesized_s": round(engines.tts.audio_s - synthesized0, 1),
+        "speech_heard_s": round(sum(r["heard_s"] for r in results), 1),
         "wall_s": round(time.perf_counter() - started, 1),
         "rss_growth_mb": round((process.memory_info().rss - rss0) / 2**20, 1),
         "v2v_samples": [x for r in results for x in r["v2v_samples"]],
