@@ -124,3 +124,41 @@ async def test_pause_stops_at_once_and_resume_goes_on_with_the_next_frame():
     await asyncio.wait_for(task, 2)
     assert got == list(range(20))
     assert pacer.underruns == 0
+
+
+async def test_drained_to_returns_once_the_queue_is_down_to_the_seconds_asked():
+    pacer = Pacer(period=0.010)
+    for i in range(10):  # 0.2 s queued (20 ms frames)
+        pacer.put(frame(i))
+    assert pacer.queued_seconds == pytest.approx(0.2)
+    left: list[int] = []
+
+    async def consume() -> None:
+        async for f in pacer.frames():
+            left.append(int(f.samples[0]))
+
+    task = asyncio.create_task(consume())
+    await asyncio.wait_for(pacer.drained_to(0.11), 2)
+    assert len(left) == 5 and pacer.queued_seconds == pytest.approx(0.1)  # not one frame sooner
+    await asyncio.wait_for(pacer.drained_to(0.0), 2)
+    assert left == list(range(10)) and pacer.queued_seconds == 0.0
+    pacer.close()
+    await asyncio.wait_for(task, 2)
+
+
+async def test_drained_to_returns_at_a_clear_or_a_close_and_waits_while_paused():
+    pacer = Pacer()
+    for i in range(10):
+        pacer.put(frame(i))
+    pacer.pause()  # nothing leaves: the wait goes on
+    waiting = asyncio.create_task(pacer.drained_to(0.05))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    pacer.clear()
+    await asyncio.wait_for(waiting, 1)
+    pacer.put(frame())
+    waiting = asyncio.create_task(pacer.drained_to(0.0))
+    await asyncio.sleep(0.02)
+    assert not waiting.done()
+    pacer.close()
+    await asyncio.wait_for(waiting, 1)
