@@ -11,8 +11,6 @@ A run ends when the queue is empty at a frame's due time (an underrun) or falls 
 than ``max_lag`` behind; the next frame starts a new run at "now", so audio that
 arrives after a pause is not burst out to catch up. `clear` (barge-in) drops every
 queued frame at once and is synchronous, so no frame queued before it can leave after.
-`drained_to` lets the producer wait until the queue is down to a few seconds, so that
-what it makes stays that close ahead of what has played.
 """
 
 from __future__ import annotations
@@ -40,8 +38,6 @@ class Pacer:
         self._clock = clock
         self._queue: collections.deque[AudioFrame] = collections.deque()
         self._wakeup = asyncio.Event()
-        self._left = asyncio.Event()  # a frame left, or the queue was cleared, or closed
-        self._queued_s = 0.0
         self._closed = False
         self._paused = False
         self._run_start: float | None = None
@@ -54,15 +50,12 @@ class Pacer:
         if self._closed:
             raise RuntimeError("put() on a closed Pacer")
         self._queue.append(frame)
-        self._queued_s += frame.duration
         self._wakeup.set()
 
     def clear(self) -> int:
         """Drop every queued frame now; returns how many were dropped."""
         dropped = len(self._queue)
         self._queue.clear()
-        self._queued_s = 0.0
-        self._left.set()
         self.frames_dropped += dropped
         return dropped
 
@@ -84,19 +77,12 @@ class Pacer:
 
     @property
     def queued_seconds(self) -> float:
-        return self._queued_s
-
-    async def drained_to(self, seconds: float) -> None:
-        """Return once no more than ``seconds`` of audio is queued, or it is closed."""
-        while self.queued_seconds > seconds and not self._closed:
-            self._left.clear()
-            await self._left.wait()
+        return sum(f.duration for f in self._queue)
 
     def close(self) -> None:
         """End `frames()` after the frame in flight; idempotent."""
         self._closed = True
         self._wakeup.set()
-        self._left.set()
 
     def _next_due(self, now: float) -> float:
         if self._run_start is not None:
@@ -124,8 +110,6 @@ class Pacer:
             if self._closed or not self._queue or self._paused:
                 continue  # cleared or paused while waiting: nothing of the old queue may leave
             frame = self._queue.popleft()
-            self._queued_s = self._queued_s - frame.duration if self._queue else 0.0
-            self._left.set()
             self._run_index += 1
             self.frames_sent += 1
             yield replace(frame, playout_time=due)

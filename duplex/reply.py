@@ -44,11 +44,6 @@ from models.tts import TtsStream, WordMark
 
 log = logging.getLogger("duplex.reply")
 
-# The LLM is asked for a reply's next words once its words so far are synthesized and no
-# more than this of their audio is left to play (`Reply.more_words`): the next chunk's
-# first phrase takes ~0.5-1.5 s to be heard at 8 sessions on 2 cores
-MORE_WORDS_S = 3.0
-
 
 class ReplyState(enum.Enum):
     HELD = "held"
@@ -233,17 +228,6 @@ class Reply:
                 break
         if self.synthesized:
             await self._host.played_out(self)
-
-    async def more_words(self) -> None:
-        """Return once every word given to the TTS so far is synthesized and at most
-        `MORE_WORDS_S` of the audio is left to play: the LLM's next chunk of the reply is
-        asked for then (`Conversation.reply`). A held or paused reply plays nothing, so
-        its words wait with it."""
-        while True:
-            await self.tts.all_read()
-            if self.pacer.queued_seconds <= MORE_WORDS_S:
-                return
-            await self.pacer.drained_to(MORE_WORDS_S)
 
     def _fail(self, error: SessionError) -> None:
         """The reply cannot go on: the client is told at once; it ends ``failed``."""

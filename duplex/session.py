@@ -573,7 +573,7 @@ class Session(SessionPort):
         if not held:
             self.machine.to(State.RESPONDING)
         reply.emit(ev.RESPONSE_CREATED)
-        reply.start(self.conversation.reply(text, reply.id, reply.more_words), self.conversation.abort)
+        reply.start(self.conversation.reply(text, reply.id), self.conversation.abort)
 
     def _paused(self) -> None:
         """The caller paused: their words so far are transcribed at once (the pass that

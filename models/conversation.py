@@ -31,16 +31,13 @@ import asyncio
 import itertools
 import math
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 
 from models.llm_backend import LlmBackend, TokenStream
 from models.llm_types import Delta, LlmError
 
 MAX_USER_CHARS = 4000  # ~1,000 tokens: more than anyone says in one breath
-# A paced reply's tokens per chunk (`Conversation.reply`): ~18 words, ~6 s of speech, more
-# than most spoken answers need in one
-REPLY_CHUNK_TOKENS = 24
 
 
 @dataclass
@@ -232,9 +229,7 @@ class Conversation:
         out, or the words do not fit in the context)."""
         return (await self.prefill(words, latest=False)).end_of_turn
 
-    async def reply(
-        self, user_text: str | bytes, turn_id: str = "", more: Callable[[], Awaitable[None]] | None = None
-    ) -> AsyncGenerator[str, None]:
+    async def reply(self, user_text: str | bytes, turn_id: str = "") -> AsyncGenerator[str, None]:
         """Add the user's turn and stream the reply's text deltas.
 
         The turn is recorded, under ``turn_id``, before the first token is asked for,
@@ -242,13 +237,6 @@ class Conversation:
         as it got (until `truncate` cuts it to what was heard). Whoever stops a reply
         names it by ``turn_id`` (`retract`, `truncate`): whether it got as far as being
         recorded, or a first token, is the conversation's business.
-
-        With ``more``, the reply comes `REPLY_CHUNK_TOKENS` at a time, each chunk on
-        the KV of the one before (the stream re-sends only its last token), and the
-        next is asked for once ``more`` returns (`duplex.reply.Reply.more_words`: when
-        the words so far have nearly been spoken): a reply the caller cuts short is not
-        generated to the end for nobody, and the engine's steps go to the other
-        sessions meanwhile. Without it, the reply comes in one go.
         """
         text = check_user_text(user_text)
         tokens = self.format.encode(text)
@@ -260,24 +248,12 @@ class Conversation:
             self.turns.append(turn)
             self.last = TurnStats()
             self._replying = True
-            budget = self.engine.config.max_tokens
-            target, stats = prompt, self.last
             try:
-                while True:
-                    size = min(budget, REPLY_CHUNK_TOKENS) if more is not None else budget
-                    finish = None
-                    async for delta in self._run(target, stats, size):
-                        turn.reply_tokens += [t for t in delta.token_ids if t not in self._stop_ids]
-                        turn.reply_text += delta.text
-                        finish = delta.finish_reason
-                        if delta.text:
-                            yield delta.text
-                    budget -= size
-                    if more is None or finish != "length" or budget <= 0:
-                        break
-                    await more()
-                    # (the turn's figures, `last`, stay the first chunk's)
-                    target, stats = prompt + turn.reply_tokens, TurnStats()
+                async for delta in self._run(prompt, self.last, self.engine.config.max_tokens):
+                    turn.reply_tokens += [t for t in delta.token_ids if t not in self._stop_ids]
+                    turn.reply_text += delta.text
+                    if delta.text:
+                        yield delta.text
             except LlmError:
                 self.turns.remove(turn)
                 raise

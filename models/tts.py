@@ -335,9 +335,6 @@ class TtsStream:
         self._loop = asyncio.get_running_loop()
         self._jobs: asyncio.Queue[tuple[Phrase, _Job] | None] = asyncio.Queue()
         self._all_jobs: list[_Job] = []
-        self._unread = 0  # phrases queued whose audio `frames` has not all yielded
-        self._read = asyncio.Event()  # set while there are none
-        self._read.set()
         self._ended = False
         self.cancelled = False
 
@@ -364,13 +361,8 @@ class TtsStream:
         self._jobs.put_nowait(None)
         return phrases
 
-    async def all_read(self) -> None:
-        """Return once `frames` has yielded the audio of every phrase queued so far."""
-        await self._read.wait()
-
     def cancel(self) -> None:
         self.cancelled = True
-        self._read.set()
         for job in self._all_jobs:
             job.cancel()
         while not self._jobs.empty():
@@ -383,8 +375,6 @@ class TtsStream:
             self._all_jobs.append(job)
             self.engine.submit(job)
             self._jobs.put_nowait((phrase, job))
-            self._unread += 1
-            self._read.clear()
 
     async def frames(self) -> AsyncIterator[AudioFrame | WordMark]:
         """Marks of each phrase, then its frames; the last frame is zero-padded."""
@@ -407,9 +397,6 @@ class TtsStream:
                 while carry.size >= n and not self.cancelled:
                     yield AudioFrame(carry[:n].copy(), self.engine.sample_rate)
                     carry = carry[n:]
-            self._unread -= 1
-            if not self._unread:
-                self._read.set()
         if not self.cancelled and carry.size:
             yield AudioFrame(
                 np.concatenate([carry, np.zeros(n - carry.size, np.int16)]), self.engine.sample_rate

@@ -8,7 +8,7 @@ import time
 import pytest
 import pytest_asyncio
 
-from models.conversation import MAX_USER_CHARS, REPLY_CHUNK_TOKENS, Conversation, Turn
+from models.conversation import MAX_USER_CHARS, Conversation, Turn
 from models.kv_stream import KvStream
 from models.llm_types import LlmError
 
@@ -150,66 +150,6 @@ async def test_abort_stops_the_stream_at_once_and_the_conversation_goes_on(llm_e
     assert received <= 4  # at most the delta already in flight
     assert stopped_after < 0.010
     assert "Paris" in await say(conversation, "What is the capital of France?")
-
-
-STORY = "Tell me a very long story about a dragon who bakes bread."
-
-
-async def test_a_paced_reply_comes_in_chunks_on_one_kv_and_reads_as_the_reply_in_one_go(llm_engine):
-    """Paced (``more``), a long reply comes `REPLY_CHUNK_TOKENS` at a time, the next chunk
-    asked for when ``more`` returns, each on the KV the one before left (the stream goes
-    on: its last token is re-sent, nothing is prefilled again): its words and tokens are
-    those of the reply in one go, and the next turn prefills only its own words, as
-    after a reply in one go."""
-    whole = Conversation(llm_engine)
-    expected = await say(whole, STORY)
-    paced = Conversation(llm_engine)
-    asked: list[int] = []  # reply tokens when `more` was called
-
-    async def more() -> None:
-        asked.append(len(paced.turns[-1].reply_tokens))
-
-    assert "".join([d async for d in paced.reply(STORY, more=more)]) == expected
-    assert paced.turns[-1].reply_tokens == whole.turns[-1].reply_tokens
-    assert len(whole.turns[-1].reply_tokens) > REPLY_CHUNK_TOKENS  # a story: more was asked for
-    assert asked == [REPLY_CHUNK_TOKENS * k for k in range(1, len(asked) + 1)] and asked
-    await say(whole, "Thank you.")
-    await say(paced, "Thank you.")
-    assert paced.last.prefilled_tokens == whole.last.prefilled_tokens
-    assert paced.history_tokens() == whole.history_tokens() == template_tokens(paced)
-
-
-async def test_a_paced_reply_stops_at_its_chunk_until_asked_and_a_cut_there_leaves_it_usable(llm_engine):
-    """While ``more`` has not returned, the engine generates nothing more of the reply (a
-    caller who cuts a story after a second costs one chunk); stopped there and cut to
-    what was heard, the conversation goes on."""
-    conversation = Conversation(llm_engine)
-    waiting = asyncio.Event()
-
-    async def never() -> None:
-        waiting.set()
-        await asyncio.Event().wait()  # the words so far are never spoken
-
-    text: list[str] = []
-
-    async def listen() -> None:
-        async for delta in conversation.reply(STORY, "r1", more=never):
-            text.append(delta)
-
-    task = asyncio.create_task(listen())
-    await asyncio.wait_for(waiting.wait(), 30)
-    decoded = llm_engine.counters.decode_tokens
-    await asyncio.sleep(0.5)
-    assert llm_engine.counters.decode_tokens == decoded  # nothing generated for nobody
-    assert len(conversation.turns[-1].reply_tokens) == REPLY_CHUNK_TOKENS
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-    await conversation.abort()
-    heard = "".join(text)[:20]
-    assert conversation.truncate("r1", heard)
-    assert "Paris" in await say(conversation, "What is the capital of France?")
-    assert conversation.history_tokens() == template_tokens(conversation)
 
 
 async def test_truncation_makes_the_next_prompt_exactly_the_cut_history(llm_engine):

@@ -89,15 +89,11 @@ class Tts:
         self.frames_per_phrase = frames
         self.queue: asyncio.Queue[str | None] = asyncio.Queue()
         self.cancelled = False
-        self.taken = 0  # frames the reply took
-        self.unread = 0  # phrases pushed whose frames were not all taken
-        self.read = asyncio.Event()
 
     def push_text(self, delta: str) -> list[str]:
         start = len(self.text)
         self.text += delta
         self.queue.put_nowait(f"{start}:{len(self.text)}")
-        self.unread += 1
         return [delta]
 
     def end_text(self) -> list[str]:
@@ -107,11 +103,6 @@ class Tts:
     def cancel(self) -> None:
         self.cancelled = True
 
-    async def all_read(self) -> None:
-        if self.unread:
-            self.read.clear()
-            await self.read.wait()
-
     async def frames(self) -> AsyncIterator[AudioFrame | WordMark]:
         position = 0
         while (span := await self.queue.get()) is not None:
@@ -119,12 +110,8 @@ class Tts:
             n = self.frames_per_phrase * FRAME
             yield WordMark(start, end, position, position + n)
             for _ in range(self.frames_per_phrase):
-                self.taken += 1
                 yield AudioFrame(np.full(FRAME, 1000, np.int16), RATE)
             position += n
-            self.unread -= 1
-            if not self.unread:
-                self.read.set()
 
 
 def make(held: bool = False, tts: Tts | None = None) -> tuple[Reply, Sink, Host, PlayoutLedger]:
@@ -247,32 +234,6 @@ async def test_a_reply_is_generated_spoken_sent_and_booked() -> None:
     await reply.stop()
     assert reply.stopped and aborted == [True]
     assert all(task.done() for task in reply.tasks)
-
-
-async def test_more_words_are_asked_for_once_the_words_so_far_are_nearly_spoken(monkeypatch) -> None:
-    """`Reply.more_words` (what `Conversation.reply` waits on before a reply's next chunk)
-    returns once the TTS has given the audio of every phrase so far and at most
-    `MORE_WORDS_S` of it is left to play; a held reply's words wait for its release."""
-    monkeypatch.setattr("duplex.reply.MORE_WORDS_S", 0.11)  # 5 frames left, not 6
-    tts = Tts(frames=10)
-    reply, sink, host, ledger = make(held=True, tts=tts)
-    asked: list[tuple[int, int]] = []  # (frames taken from the TTS, frames sent) when it returned
-
-    async def paced() -> AsyncIterator[str]:
-        for k in range(3):
-            yield f"Phrase {k}."
-            yield f"Then {k}."
-            await reply.more_words()
-            asked.append((tts.taken, sink.sent() // FRAME))
-
-    reply.start(paced(), _nothing)
-    await asyncio.sleep(0.3)
-    assert asked == [] and tts.taken == 20 and sink.sent() == 0  # held: nothing plays, nothing more is asked
-    reply.release()
-    async with asyncio.timeout(5):
-        await host.finished.wait()
-    assert asked == [(20, 15), (40, 35), (60, 55)]  # each chunk's two phrases, all but 5 frames sent
-    assert sink.sent() == 60 * FRAME and ledger.turn("resp_1").complete
 
 
 async def test_stop_cancels_every_task_at_once_and_a_cut_drops_the_queued_audio() -> None:

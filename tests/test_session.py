@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import itertools
 
 import numpy as np
 import pytest
@@ -16,7 +15,6 @@ from duplex.session import Session
 from duplex.session_config import SessionConfig
 from duplex.state import State
 from duplex.turn_policy import QUICK_PAUSE_CONFIRM_S, is_backchannel
-from models.conversation import REPLY_CHUNK_TOKENS
 from models.kv_stream import KvStream
 from tests.conftest import speech
 
@@ -148,9 +146,6 @@ async def test_barge_in_cuts_the_reply_to_what_was_heard(engines, tts_engine):
     assert truncated.data["audio_end_ms"] == played * 1000 // tts_engine.sample_rate
     assert 1.0 < played / tts_engine.sample_rate < 2.5  # cut near where the caller spoke
     assert len(expected) < len(turn.text)
-    # the story was asked of the LLM a chunk at a time: cut in its first, it cost one
-    tokenizer = engines.llm.tokenizer
-    assert len(tokenizer.encode(turn.text, add_special_tokens=False)) <= REPLY_CHUNK_TOKENS
     # the conversation (and so the next prompt) holds the heard text only
     messages = session.conversation.messages()
     assert messages[2]["content"] == expected
@@ -168,14 +163,6 @@ async def test_the_assistants_own_echo_does_not_interrupt_it(engines, tts_engine
     assert done.data["status"] == "completed"
     assert session.barge_ins == session.resumes == session.false_alarms == 0
     assert not caller.flushes
-    # the story came from the LLM in chunks, each asked for before the audio ran out:
-    # heard whole, with no silence between its frames
-    rid = done.data["response_id"]
-    turn = session.ledger.turn(rid)
-    assert turn.complete and turn.sent == turn.generated
-    assert len(session.conversation.turns[-1].reply_tokens) > REPLY_CHUNK_TOKENS
-    arrivals = [f.at for f in caller.frames if f.response_id == rid]
-    assert max(b - a for a, b in itertools.pairwise(arrivals)) < 0.2
 
 
 async def test_a_backchannel_does_not_interrupt(engines, tts_engine):

@@ -85,29 +85,6 @@ async def test_cancel_stops_output_at_once_and_nothing_leaks(tts_engine):
     assert len(marks) == 1 and frames
 
 
-async def test_all_read_returns_once_every_phrase_queued_so_far_has_been_read(tts_engine):
-    """What a paced reply waits on before asking the LLM for more (`Reply.more_words`)."""
-    stream = tts_engine.stream()
-    phrases = stream.push_text("Yes, of course. The weather is fine today, and tomorrow too. And")
-    assert len(phrases) >= 2
-    marks: list[WordMark] = []
-
-    async def read() -> None:
-        async for item in stream.frames():
-            if isinstance(item, WordMark):
-                marks.append(item)
-
-    waiting = asyncio.create_task(stream.all_read())
-    await asyncio.sleep(0)
-    assert not waiting.done()  # nothing read yet
-    reader = asyncio.create_task(read())
-    await asyncio.wait_for(waiting, 20)
-    assert len(marks) == sum(len(p.text.split()) for p in phrases)  # all their words, not "And"
-    stream.end_text()
-    await asyncio.wait_for(reader, 20)
-    assert marks[-1].char_end == len(stream.text)
-
-
 async def test_first_phrases_jump_the_queue(tts_engine):
     sentence = "This is a long sentence that keeps the engine busy. "
     busy = tts_engine.stream()
