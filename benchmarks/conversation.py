@@ -237,6 +237,7 @@ async def run_sessions(
     rss0 = process.memory_info().rss
     cpu0 = process.cpu_times()
     synthesized0 = engines.tts.audio_s
+    decoded0 = engines.llm.counters.decode_tokens
     started = time.perf_counter()
     try:
         results = await asyncio.gather(
@@ -265,6 +266,7 @@ async def run_sessions(
         # cut before it played)
         "speech_synthesized_s": round(engines.tts.audio_s - synthesized0, 1),
         "speech_heard_s": round(sum(r["heard_s"] for r in results), 1),
+        "llm_decoded_tokens": engines.llm.counters.decode_tokens - decoded0,  # replies' tokens and scores'
         "wall_s": round(time.perf_counter() - started, 1),
         "rss_growth_mb": round((process.memory_info().rss - rss0) / 2**20, 1),
         "v2v_samples": [x for r in results for x in r["v2v_samples"]],
