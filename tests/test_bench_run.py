@@ -122,23 +122,31 @@ def test_the_caller_waits_for_the_reply_to_its_words_not_the_one_they_cut():
     from duplex.caller import VirtualCaller
     from duplex.events import Event
 
+    def told(caller: VirtualCaller, *events: Event) -> None:  # as the session tells it (`Sink.event`)
+        caller.speech_ends = [5.0]  # the interrupting line ended
+        for event in events:
+            caller.event(event)
+
     caller = VirtualCaller()
-    caller.speech_ends = [5.0]  # the interrupting line ended
-    caller.events = [
+    told(
+        caller,
         Event(ev.RESPONSE_CREATED, {"response_id": "resp_1"}, 1.0),  # the story
         Event(ev.RESPONSE_DONE, {"response_id": "resp_1", "status": "cancelled"}, 5.3),  # cut by it
-    ]
+    )
     assert not caller._replied()
-    caller.events += [
+    told(
+        caller,
         Event(ev.RESPONSE_CREATED, {"response_id": "resp_2"}, 5.6),  # the answer to the line
         Event(ev.RESPONSE_DONE, {"response_id": "resp_2", "status": "completed"}, 8.0),
-    ]
+    )
     assert caller._replied()
     # a reply talked over that resumed (a backchannel) and played out is done too
-    caller.events = [
+    caller = VirtualCaller()
+    told(
+        caller,
         Event(ev.RESPONSE_CREATED, {"response_id": "resp_1"}, 1.0),
         Event(ev.RESPONSE_DONE, {"response_id": "resp_1", "status": "completed"}, 9.0),
-    ]
+    )
     assert caller._replied()
 
 

@@ -311,7 +311,9 @@ async def test_a_barge_in_closes_the_stream_and_the_server_stops_the_request(ser
         stopped = time.monotonic()
         await conversation.abort()  # what a barge-in does (`duplex.reply`)
         while (await counters(replica))["vllm:num_requests_running"] > 0:
-            assert time.monotonic() - stopped < 0.5, "the server still runs the request 0.5 s on"
+            # (run to its limit, the request would go on for ~20 s; the full suite once saw
+            # the server's gauge fall 0.53 s after the abort, on a loaded machine)
+            assert time.monotonic() - stopped < 2.0, "the server still runs the request 2 s on"
             await asyncio.sleep(0.02)
         generated = (await counters(replica))["vllm:generation_tokens_total"]
         await asyncio.sleep(0.3)
