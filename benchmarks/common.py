@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import platform
+import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -27,6 +28,22 @@ if TYPE_CHECKING:
     from duplex.config import Config
 
 RESULTS = Path(__file__).resolve().parent / "results"
+
+_PORTS_GIVEN: set[tuple[int, int]] = set()  # (socket kind, port) handed out by this process
+
+
+def free_port(kind: socket.SocketKind = socket.SOCK_STREAM) -> int:
+    """A free loopback port, never one this process handed out before: the OS may give
+    the same free port to two calls in a row (a test's front end once got its HTTP and
+    gRPC ports equal, and its gRPC bind failed)."""
+    while True:
+        with socket.socket(socket.AF_INET, kind) as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if (kind, port) not in _PORTS_GIVEN:
+            _PORTS_GIVEN.add((kind, port))
+            return port
+
 
 Measure = Callable[["Config", argparse.Namespace], dict[str, Any]]
 Plot = Callable[[dict[str, Any]], None]

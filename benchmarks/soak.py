@@ -52,7 +52,7 @@ from audio_io.pcm import RUNTIME_RATE
 from audio_io.resample import resample
 from audio_io.rtp import RtpPacket
 from audio_io.webrtc import FRAME, RATE, audio_frame, set_host_addresses
-from benchmarks.common import bench_main, new_plot, percentiles, save_plot
+from benchmarks.common import bench_main, free_port, new_plot, percentiles, save_plot
 from benchmarks.conversation import QUESTIONS
 from duplex.config import Config
 from duplex.grpc_client import DuplexClient
@@ -91,18 +91,12 @@ def _expect(condition: bool, what: str) -> None:
         raise SoakError(what)
 
 
-def _free_port(kind: socket.SocketKind) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Server:
     """``duplex serve`` in a child process on free loopback ports, its log in a file."""
 
     def __init__(self, config: Config, log_path: Path) -> None:
-        self.port, self.grpc_port = _free_port(socket.SOCK_STREAM), _free_port(socket.SOCK_STREAM)
-        self.sip_port = _free_port(socket.SOCK_DGRAM)
+        self.port, self.grpc_port = free_port(), free_port()
+        self.sip_port = free_port(socket.SOCK_DGRAM)
         self.log_path = log_path
         flags = [f"--{k.replace('_', '-')}={getattr(config, k)}" for k in MODEL_KEYS if getattr(config, k)]
         ports = [f"--port={self.port}", f"--grpc-port={self.grpc_port}", f"--sip-port={self.sip_port}"]

@@ -1,28 +1,13 @@
 import os
-import socket
 import sys
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
 
+from benchmarks.common import free_port  # noqa: F401 (the tests' free ports, from here)
+
 REPO = Path(__file__).resolve().parent.parent
-
-
-_GIVEN: set[int] = set()  # ports handed out in this test session
-
-
-def free_port() -> int:
-    """A free loopback port, never one handed out before in this session: the OS may give
-    the same free port to two calls in a row (a front end once got its HTTP and gRPC
-    ports equal, and its gRPC bind failed)."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port not in _GIVEN:
-            _GIVEN.add(port)
-            return port
 
 
 def duplex_command(*args: str) -> list[str]:
