@@ -238,6 +238,7 @@ async def run_sessions(
     cpu0 = process.cpu_times()
     synthesized0 = engines.tts.audio_s
     decoded0 = engines.llm.counters.decode_tokens
+    asr_passes0, asr_busy0 = engines.asr.passes, engines.asr.busy_s
     started = time.perf_counter()
     try:
         results = await asyncio.gather(
@@ -267,6 +268,8 @@ async def run_sessions(
         "speech_synthesized_s": round(engines.tts.audio_s - synthesized0, 1),
         "speech_heard_s": round(sum(r["heard_s"] for r in results), 1),
         "llm_decoded_tokens": engines.llm.counters.decode_tokens - decoded0,  # replies' tokens and scores'
+        "asr_passes": engines.asr.passes - asr_passes0,  # partial and final passes run
+        "asr_busy_s": round(engines.asr.busy_s - asr_busy0, 1),  # the ASR workers' time in them
         "wall_s": round(time.perf_counter() - started, 1),
         "rss_growth_mb": round((process.memory_info().rss - rss0) / 2**20, 1),
         "v2v_samples": [x for r in results for x in r["v2v_samples"]],

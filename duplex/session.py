@@ -362,6 +362,8 @@ class Session(SessionPort):
         if playing is not None or self.echo.active(self._inbound.arrival(event.position)):
             self._echo_utterance = True  # until its level says otherwise (_check_echo)
             await self._check_echo(playing)
+            if self._echo_utterance and self._listener is not None:
+                self._listener.ignore()  # transcribed from where the caller's voice rises, if it does
             return
         await self._stop_reply()  # still thinking, nothing heard yet: the caller goes on
         self._times = TurnTimes()
@@ -388,6 +390,8 @@ class Session(SessionPort):
             log.debug("session %s: the caller's voice rose over the echo %d ms in", self.id, late_ms)
             self._utterance_start = caller_start
             self._listener.restart(caller_start)
+        elif self._listener.ignoring:  # its start was taken for echo, and not transcribed
+            self._listener.restart(self._utterance_start - self._listener.preroll)
         self._echo_utterance = False
         if reply is None or over is policy.Over.TURN:
             # no reply playing (it ended, or is still being thought), or one the caller

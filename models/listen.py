@@ -56,6 +56,7 @@ class Listener:
         self._history = np.zeros(0, np.int16)
         self._end = 0  # stream position after the last pushed sample
         self.speaking = False
+        self.ignoring = False  # the utterance in progress is not transcribed (`ignore`)
 
     def _slice(self, start: int, end: int) -> npt.NDArray[np.int16]:
         first = self._end - self._history.size
@@ -87,6 +88,17 @@ class Listener:
         start = max(position, self._end - self._history.size)
         self.asr.begin(start)
         self.asr.push(self._slice(start, self._end))
+        self.ignoring = False
+
+    def ignore(self) -> None:
+        """The utterance in progress is not the caller's so far (the assistant's echo): no
+        pass transcribes it, partial or final (its final comes at once, empty), unless
+        `restart` says where the caller's voice begins in it."""
+        if self.speaking:
+            self.asr.cancel()
+            while not self.asr.results.empty():
+                self.asr.results.get_nowait()
+            self.ignoring = True
 
     async def push(self, samples: npt.NDArray[np.int16]) -> list[ListenEvent]:
         """Feed 16 kHz int16 audio; returns what happened, in order."""
@@ -102,6 +114,7 @@ class Listener:
         for event in await self.vad.push(samples):
             if event.kind is VadEventKind.SPEECH_START:
                 self.speaking = True
+                self.ignoring = False
                 preroll = self._slice(event.position - self.preroll, event.position)
                 self.asr.begin(event.position, preroll)
                 self.asr.push(self._slice(event.position, self._end))

@@ -132,6 +132,43 @@ async def test_final_for_a_pause_is_ready_at_the_end_of_speech(vad_engine, asr_e
     assert final.position == stopped.position
 
 
+@pytest.mark.parametrize("restarted", [False, True])
+async def test_an_ignored_utterance_runs_no_pass_unless_restarted(
+    vad_engine, asr_engine, speech_set, restarted
+):
+    """An utterance the session takes for the assistant's echo (`Listener.ignore`) runs no
+    pass, partial or final, and its final is empty; restarted where the caller's voice
+    begins (`Listener.restart`), it is transcribed from there."""
+    utterance = speech_set[0]
+    listener = Listener(vad_engine, asr_engine)
+    audio = np.concatenate([GAP, utterance.audio, GAP])
+    events: list = []
+    passes = None  # the engine's, once the utterance was ignored
+    try:
+        for i in range(0, audio.size, 320):
+            pushed = await listener.push(audio[i : i + 320])
+            events += pushed
+            for start in (e for e in pushed if e.kind is ListenEventKind.SPEECH_STARTED):
+                listener.ignore()
+                assert listener.ignoring
+                passes = asr_engine.passes
+                if restarted:
+                    listener.restart(start.position - listener.preroll)
+            await listener.asr.idle()  # lockstep: each pass done before the next audio
+        events += await listener.flush()
+    finally:
+        listener.close()
+    assert passes is not None  # the VAD heard the utterance begin
+    assert [e.kind for e in events].count(ListenEventKind.FINAL) == 1
+    partials = [e for e in events if e.kind is ListenEventKind.PARTIAL]
+    if restarted:
+        assert not listener.ignoring and partials
+        assert word_errors(utterance.text, finals(events))[0] <= 1, finals(events)
+    else:
+        assert finals(events) == "" and not partials
+        assert asr_engine.passes == passes
+
+
 async def test_bad_audio_gives_a_clear_result_or_error(asr_engine, vad_engine):
     assert asr_engine.transcribe(np.zeros(0, np.int16)) == ""
     assert asr_engine.transcribe(np.zeros(48000, np.int16)) == ""

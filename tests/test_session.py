@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
@@ -15,7 +16,9 @@ from duplex.session import Session
 from duplex.session_config import SessionConfig
 from duplex.state import State
 from duplex.turn_policy import QUICK_PAUSE_CONFIRM_S, is_backchannel
+from models.asr import AsrStream
 from models.kv_stream import KvStream
+from models.listen import Listener
 from tests.conftest import speech
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
@@ -163,6 +166,45 @@ async def test_the_assistants_own_echo_does_not_interrupt_it(engines, tts_engine
     assert done.data["status"] == "completed"
     assert session.barge_ins == session.resumes == session.false_alarms == 0
     assert not caller.flushes
+
+
+async def test_the_echo_is_not_transcribed_and_a_caller_over_it_is(engines, tts_engine, monkeypatch):
+    """Speech the VAD hears over the reply that is no louder than the reply's echo runs no
+    ASR pass (the ASR worker is the callers'); a caller who talks over the echo is heard,
+    and transcribed from where their voice rises over it."""
+    submitted: list[float] = []  # when each ASR pass was asked for
+    real_submit = AsrStream._submit
+
+    def submit(stream, position, final):
+        submitted.append(time.monotonic())
+        return real_submit(stream, position, final)
+
+    ignored: list[bool] = []  # Listener.ignore calls: in an utterance?
+    real_ignore = Listener.ignore
+
+    def ignore(listener):
+        ignored.append(listener.speaking)
+        real_ignore(listener)
+
+    monkeypatch.setattr(AsrStream, "_submit", submit)
+    monkeypatch.setattr(Listener, "ignore", ignore)
+    ask = speech(tts_engine, "Please tell me a long story about a brave little dragon.")
+    stop = speech(tts_engine, "Stop please. What is two plus two?")
+    session, caller = await converse(
+        engines,
+        [Silence(0.3), Speak(ask), UntilHeard(2.5), Speak(stop), UntilReplyDone(timeout=30, after=0.3)],
+        VirtualCaller(echo_db=-20, echo_delay_s=0.15),
+    )
+    assert any(ignored)  # the VAD heard the echo as speech, and the session left it untranscribed
+    first, _ = caller.of_type(ev.RESPONSE_DONE)
+    assert first.data["status"] == "cancelled" and session.barge_ins == 1
+    played_from = caller.first_frame(first.data["response_id"])
+    assert played_from is not None and session.pauses
+    # from its echo's first VAD utterance until the caller's voice rose over it
+    over_echo = [t for t in submitted if played_from + 0.4 < t < session.pauses[0]]
+    assert session.pauses[0] - played_from > 2.0 and over_echo == []
+    heard = session.conversation.messages()[3]["content"].lower()
+    assert "stop" in heard and "plus" in heard
 
 
 async def test_a_backchannel_does_not_interrupt(engines, tts_engine):
