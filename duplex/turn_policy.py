@@ -40,6 +40,10 @@ QUICK_PAUSE_FLOOR_DB = -50.0  # a quieter frame never pauses the reply before th
 QUICK_PAUSE_OVER_ROOM_DB = 15.0  # ... nor one less this much above the quietest of the last 2 s
 QUICK_PAUSE_CONFIRM_S = 0.25  # the VAD must confirm the caller's voice this soon, or the reply goes on
 QUICK_PAUSE_HOLDOFF_S = 1.0  # after a false alarm, only the VAD pauses the reply for this long
+# an utterance still going on is judged the reply's echo by this many words at least: one
+# or two common words ("the", "of") are in most replies, and the caller's words, heard
+# from a little before their voice rose over the echo, may begin with one of its words
+ECHO_MIN_WORDS = 3
 
 BACKCHANNELS = frozenset(
     ("uh-huh", "uh", "huh", "mm-hmm", "mm", "hmm", "mhm", "hm", "okay", "ok", "yeah", "yes", "yep")
@@ -122,7 +126,7 @@ def speech_over_reply(caller_heard: bool, reply_playing: bool, barge_in: bool) -
 class Verdict(enum.Enum):
     """An interruption's words, judged."""
 
-    WAIT = "wait"  # backchannel words so far: the reply stays paused until more are heard
+    WAIT = "wait"  # backchannel words so far, or too few to tell: the reply stays paused until more are heard
     RESUME = "resume"  # a backchannel, or no words at all: the reply goes on where it paused
     ECHO = "echo"  # the reply's own words, come back loud: it goes on, the utterance is ignored
     BARGE_IN = "barge_in"  # the caller's words: the reply is cut, the utterance is the next turn
@@ -141,7 +145,7 @@ def judge_interruption(
         if words or resume_without_words:
             return Verdict.RESUME
     if reply_said is not None and is_echo_of(words, reply_said):
-        return Verdict.ECHO
+        return Verdict.ECHO if ended or len(_WORD.findall(words)) >= ECHO_MIN_WORDS else Verdict.WAIT
     return Verdict.BARGE_IN
 
 

@@ -130,6 +130,9 @@ def test_speech_over_the_reply(caller_heard: bool, playing: bool, barge_in: bool
         ("stop", SAID, False, True, Verdict.BARGE_IN),
         ("wait, what", SAID, False, True, Verdict.BARGE_IN),
         ("a brave little dragon", SAID, False, True, Verdict.ECHO),
+        ("a", SAID, False, True, Verdict.WAIT),  # one common word of the reply's: too few to tell
+        ("a dragon", SAID, False, True, Verdict.WAIT),
+        ("a, at least you know", SAID, False, True, Verdict.BARGE_IN),  # an echo word, then the caller
         ("a brave little dragon", "", False, True, Verdict.BARGE_IN),  # nothing said lately
         # the utterance has ended
         ("", SAID, True, True, Verdict.RESUME),  # a cough: the reply goes on
@@ -138,6 +141,7 @@ def test_speech_over_the_reply(caller_heard: bool, playing: bool, barge_in: bool
         ("Mm-hmm.", SAID, True, False, Verdict.RESUME),  # a backchannel resumes regardless
         ("stop please", SAID, True, True, Verdict.BARGE_IN),
         ("little dragon who lived", SAID, True, True, Verdict.ECHO),
+        ("a dragon", SAID, True, True, Verdict.ECHO),  # all there is, and the reply's words
         ("little dragon who lived", None, True, True, Verdict.BARGE_IN),  # the reply has ended
         ("", None, True, True, Verdict.RESUME),
     ],
