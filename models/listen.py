@@ -83,8 +83,7 @@ class Listener:
         """The utterance in progress begins again at ``position``: what the VAD heard
         before it was not the caller (the assistant's echo), and must not be transcribed."""
         assert self.speaking, "restart outside an utterance"
-        while not self.asr.results.empty():
-            self.asr.results.get_nowait()
+        self._drop_partials()
         start = max(position, self._end - self._history.size)
         self.asr.begin(start)
         self.asr.push(self._slice(start, self._end))
@@ -96,9 +95,13 @@ class Listener:
         `restart` says where the caller's voice begins in it."""
         if self.speaking:
             self.asr.cancel()
-            while not self.asr.results.empty():
-                self.asr.results.get_nowait()
+            self._drop_partials()
             self.ignoring = True
+
+    def _drop_partials(self) -> None:
+        """The partial results not read yet: of audio that is not the caller's."""
+        while not self.asr.results.empty():
+            self.asr.results.get_nowait()
 
     async def push(self, samples: npt.NDArray[np.int16]) -> list[ListenEvent]:
         """Feed 16 kHz int16 audio; returns what happened, in order."""
