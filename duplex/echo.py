@@ -27,7 +27,12 @@ echo's path adds echo rather than taking it away): each band's threshold goes do
 what the canceller was measured to take away, in this reply, on frames that were echo
 alone (`observe_cancellation`: the 10th percentile over a second that ended 0.3 s ago,
 `CANCELLED_MARGIN_DB` under it), so a soft vowel or nasal that the echo's level would
-hide is heard at once.
+hide is heard at once. That allowance holds only where the canceller works now: a band
+of a window it made louder (`TAKEN_MIN_DB`: an echo path that moved under it, the client
+playing a late frame and the rest of its run after it, leaves an estimate that adds echo
+rather than taking it away) is judged as without a canceller, or the echo it failed to
+take out would be taken for the caller (offline, a path moved 10 ms: 1-3 such windows a
+reply, each enough to cut it). A caller's voice over the echo never makes it louder.
 
 Pure bookkeeping: levels of 20 ms frames with their send times, no audio kept.
 """
@@ -53,6 +58,7 @@ CANCELLED_MIN_FRAMES = 10  # ... once there are this many, ...
 CANCELLED_EVERY_S = 0.1  # ... again every 0.1 s
 CANCELLED_MARGIN_DB = 3.0  # ... and counted this much under their 10th percentile
 CANCELLED_MAX_DB = 30.0  # ... and never more
+TAKEN_MIN_DB = 0.0  # ... and given a window's band only if the canceller took at least this from it
 Bands = npt.NDArray[np.float64]  # (..., 2): dBFS below and above SPLIT_HZ
 
 
@@ -166,20 +172,23 @@ class EchoGate:
         self.cancelled_db = np.zeros(2)
         self._cancelled_at = -math.inf
 
-    def callers(self, inbound: Bands, start: float, end: float) -> npt.NDArray[np.bool_]:
+    def callers(
+        self, inbound: Bands, start: float, end: float, taken: Bands | None = None
+    ) -> npt.NDArray[np.bool_]:
         """Which inbound frames (band levels, arrived from ``start`` to ``end``; after the
-        echo canceller, if there is one) are louder, in either band, than echo could be:
-        the caller's voice. Frames that arrived while the reply's echo was being measured
-        are taken for echo."""
-        threshold = np.maximum(
-            self.reference_db(start, end) - self.effective_db - self.cancelled_db, FLOOR_DB
-        )
+        echo canceller, if there is one, with ``taken``: how much it took from each band
+        of each, dB) are louder, in either band, than echo could be: the caller's voice.
+        Frames that arrived while the reply's echo was being measured are taken for echo."""
+        allowance = self.cancelled_db
+        if taken is not None:  # only where the canceller works now
+            allowance = np.where(taken >= TAKEN_MIN_DB, allowance, 0.0)
+        threshold = np.maximum(self.reference_db(start, end) - self.effective_db - allowance, FLOOR_DB)
         callers = np.any(inbound >= threshold, axis=-1)
         if self._training is not None and callers.size:
             arrived = start + (end - start) * (np.arange(callers.size) + 1) / callers.size
             callers &= arrived > self._training[1]
         return callers
 
-    def is_echo(self, inbound: Bands, start: float, end: float) -> bool:
+    def is_echo(self, inbound: Bands, start: float, end: float, taken: Bands | None = None) -> bool:
         """Inbound audio with these band levels, arrived from ``start`` to ``end``, may be echo."""
-        return not bool(self.callers(inbound, start, end))
+        return not bool(self.callers(inbound, start, end, taken))

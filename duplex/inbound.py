@@ -40,6 +40,7 @@ LEVEL_WINDOW = RUNTIME_RATE // 50  # levels are compared over 20 ms
 ARRIVALS_KEPT = 200  # frames whose arrival times are kept: 4 s of 20 ms frames
 ECHO_CHECK_SAMPLES = RUNTIME_RATE // 2  # speech over the reply is judged on its last 0.5 s
 WINDOWS_KEPT = ECHO_CHECK_SAMPLES // LEVEL_WINDOW + 1  # ... of 20 ms windows, and the one it begins in
+Window = tuple[int, Bands, Bands | None]  # where it begins, its judged levels, what the canceller took
 
 
 class Inbound:
@@ -50,8 +51,9 @@ class Inbound:
         self._resets = 0  # the canceller's, when the gate last heard of them
         self._pending = np.zeros((1 if canceller is None else 2, 0), np.int16)  # audio (and residual) ...
         self._pending_at = 0  # ... from this stream position, short of a whole window
-        # the judged band levels of the last 0.5 s of 20 ms windows, by where each begins
-        self._judged: collections.deque[tuple[int, Bands]] = collections.deque(maxlen=WINDOWS_KEPT)
+        # the judged band levels of the last 0.5 s of 20 ms windows, by where each begins,
+        # and what the canceller took from each band (dB; None without one)
+        self._judged: collections.deque[Window] = collections.deque(maxlen=WINDOWS_KEPT)
         self._resampler = Resampler(config.input_rate, RUNTIME_RATE)
         self._queue: asyncio.Queue[tuple[AudioFrame, float]] = asyncio.Queue()  # with arrival time
         self._queued_s = 0.0
@@ -104,8 +106,9 @@ class Inbound:
         """The band levels of the 20 ms windows of the audio, of its residual, and as
         judged (per band the quieter of the two: a canceller that lost the path adds echo,
         it never hides the caller), of the windows this frame completes (a frame need not
-        be 20 ms, nor begin a window; None if it completes none). The judged levels are
-        kept for `may_be_echo` and `first_above_echo`."""
+        be 20 ms, nor begin a window; None if it completes none). The judged levels, and
+        what the canceller took from each band (dB), are kept for `may_be_echo` and
+        `first_above_echo`."""
         if position != self._pending_at + self._pending.shape[-1]:  # not where the last frame ended
             self._pending, self._pending_at = self._pending[:, :0], position
         rows = [samples] if self.canceller is None else [samples, residual]
@@ -117,7 +120,12 @@ class Inbound:
         bands = band_levels_db(audio[:, : n * LEVEL_WINDOW].reshape(len(rows), n, LEVEL_WINDOW), RUNTIME_RATE)
         heard, left = bands[0], bands[-1]
         judged = np.minimum(heard, left)
-        self._judged.extend((self._pending_at + k * LEVEL_WINDOW, levels) for k, levels in enumerate(judged))
+        taken = None
+        if self.canceller is not None:
+            with np.errstate(invalid="ignore"):  # silence in and out: nan, nothing taken
+                taken = heard - left
+        starts = range(self._pending_at, self._pending_at + n * LEVEL_WINDOW, LEVEL_WINDOW)
+        self._judged.extend(zip(starts, judged, taken if taken is not None else [None] * n, strict=True))
         self._pending, self._pending_at = audio[:, n * LEVEL_WINDOW :], self._pending_at + n * LEVEL_WINDOW
         return heard, left, judged
 
@@ -136,6 +144,8 @@ class Inbound:
             self.echo.forget_cancellation()
         since = arrived - ECHO_CHECK_SAMPLES / RUNTIME_RATE
         self.echo.observe_cancellation(heard, left, since, arrived)
+        # learning stops at any sign of the caller, even where the canceller takes too
+        # little now to count it (`EchoGate.callers`): it must never learn their voice
         canceller.adapt(echo_only=not self.echo.callers(judged, since, arrived).any())
 
     def arrival(self, position: int) -> float:
@@ -153,7 +163,10 @@ class Inbound:
     def may_be_echo(self, since: float, now: float) -> bool:
         """The last 20 ms window heard (its residual, with a canceller), arrived at
         ``now``, is no louder than the echo of what was sent from ``since`` on could be."""
-        return not self._judged or self.echo.is_echo(self._judged[-1][1], since, now)
+        if not self._judged:
+            return True
+        _, judged, taken = self._judged[-1]
+        return self.echo.is_echo(judged, since, now, taken)
 
     def first_above_echo(self, start: int) -> int | None:
         """The stream position of the first 20 ms window heard from ``start`` on (as far
@@ -163,9 +176,10 @@ class Inbound:
         the quick pause makes on each frame). A reference per 20 ms window (0.4 s before
         its own arrival), tried, let the reply's echo interrupt it: 10 false
         interruptions in 16 barge-ins with echo. None if all of it may be echo."""
-        windows = [(at, judged) for at, judged in self._judged if at + LEVEL_WINDOW > start]
+        windows = [window for window in self._judged if window[0] + LEVEL_WINDOW > start]
         if not windows:
             return None
-        judged = np.array([bands for _, bands in windows])
-        callers = np.flatnonzero(self.echo.callers(judged, self.arrival(start), time.monotonic()))
+        judged = np.array([bands for _, bands, _ in windows])
+        taken = None if self.canceller is None else np.array([took for _, _, took in windows])
+        callers = np.flatnonzero(self.echo.callers(judged, self.arrival(start), time.monotonic(), taken))
         return max(start, windows[int(callers[0])][0]) if callers.size else None

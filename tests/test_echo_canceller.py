@@ -166,3 +166,45 @@ async def test_a_soft_onset_under_the_echo(reply, caller_line, monkeypatch, canc
         assert found is not None and found - begins <= 3 * BLOCK  # within 60 ms of the voice's start
     else:
         assert found is None or found - begins > 3 * BLOCK  # the echo's level hides them
+
+
+def echo_moved(reply: np.ndarray, delay_s: float, at_s: float, late_s: float) -> np.ndarray:
+    """`echo_of`, but from ``at_s`` of the reply on the loudspeaker plays it ``late_s``
+    later (a client that played a late frame, and the rest of its run after it)."""
+    before, after = reply[: round(at_s * SENT_RATE)], reply[round(at_s * SENT_RATE) :]
+    moved = echo_of(after, delay_s + at_s + late_s)
+    first = echo_of(before, delay_s)
+    out = np.zeros(max(moved.size, first.size))
+    out[: first.size] += first
+    out[: moved.size] += moved
+    return out
+
+
+@pytest.mark.parametrize("delay_s", [0.04, 0.25])
+async def test_an_echo_path_that_moves_is_never_taken_for_the_caller(reply, monkeypatch, delay_s):
+    """The loudspeaker plays the reply 10 ms later from 3 s on: until the canceller has
+    followed, its estimate adds echo rather than taking it away, and the gate must not
+    count what it has taken away from the echo before (measured: without that check,
+    1-3 windows a reply were taken for the caller, each enough to cut the reply)."""
+    clock = Clock()
+    monkeypatch.setattr("duplex.inbound.time.monotonic", clock)
+    seconds = reply.size / SENT_RATE
+    mic = mix((echo_moved(reply, delay_s, 3.0, 0.01), 0), seconds=seconds)
+    gate = EchoGate(suppression_db=12)
+    canceller = EchoCanceller()
+    inbound = Inbound(SessionConfig(), gate, canceller)
+    frames = reply.reshape(-1, SENT_FRAME)
+    callers, allowed = [], 0.0
+    for k in range(mic.size // BLOCK):
+        due = T0 + 0.02 * k
+        gate.record_sent(frames[k], SENT_RATE, due)
+        canceller.play(frames[k], SENT_RATE, due)
+        clock.now = due + 0.02
+        inbound.push(AudioFrame(mic[k * BLOCK : (k + 1) * BLOCK], RUNTIME_RATE))
+        await inbound.next(k * BLOCK)
+        allowed = max(allowed, float(gate.cancelled_db[0]))
+        if inbound.first_above_echo(k * BLOCK) is not None:
+            callers.append(k * BLOCK / RUNTIME_RATE)
+    assert allowed > 10  # the canceller had locked and took the echo away before it moved
+    assert canceller.resets >= 2  # ... and locked again on the moved path
+    assert callers == []
