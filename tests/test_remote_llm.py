@@ -568,12 +568,15 @@ async def survive_a_replica_killed(service: LlmService, conversation: Conversati
     assert isinstance(conversation.engine, RunToLimit)
     conversation.engine.on = True
     reply = conversation.reply("Tell me a very long story about a dragon.")
+    other = 1 - home
     try:
         async for _ in reply:
             break
-        now = await running(service)
-        assert now[home] == 1 and sum(now) == 1, (home, now)  # the session stayed on its replica
+        # killed at once, before anything else: once the whole 1,500-token reply came
+        # before the kill landed, which followed a look at both replicas' metrics
         service.kill_replica(home)
+        elsewhere = (await counters(service.replica_url(other)))["vllm:num_requests_running"]
+        assert elsewhere == 0, (home, elsewhere)  # the session stayed on its replica (it fails below)
         after: list[str] = []
         try:
             async for delta in reply:
@@ -585,7 +588,6 @@ async def survive_a_replica_killed(service: LlmService, conversation: Conversati
     finally:
         await reply.aclose()
         conversation.engine.on = False
-    other = 1 - home
     before = await computed(service, (other,))  # the killed one answers nothing (restarting)
     assert (await replied(conversation, "And what is the capital of Spain?")).strip()
     stats = conversation.last
