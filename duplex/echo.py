@@ -32,7 +32,8 @@ of a window it made louder (`TAKEN_MIN_DB`: an echo path that moved under it, th
 playing a late frame and the rest of its run after it, leaves an estimate that adds echo
 rather than taking it away) is judged as without a canceller, or the echo it failed to
 take out would be taken for the caller (offline, a path moved 10 ms: 1-3 such windows a
-reply, each enough to cut it). A caller's voice over the echo never makes it louder.
+reply, each enough to cut it). A window of the caller's voice over the echo still has
+the echo taken from it, and keeps the allowance.
 
 Pure bookkeeping: levels of 20 ms frames with their send times, no audio kept.
 """

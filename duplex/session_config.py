@@ -57,11 +57,13 @@ class SessionConfig:
     end_of_turn_by_meaning: bool = True  # false: silence alone (end_of_turn_ms) ends the turn
     resume_false_interruptions: bool = True  # speech over the reply with no words resumes it
     echo_suppression_db: float = 12.0
-    # the reply's echo taken out before the gate judges (`EchoCanceller`): off by default
-    # until its cost is cut further (~0.23 ms of the event loop a frame while a reply
-    # echoes, on a Xeon with AMX; at 8 sessions it still cost voice-to-voice and audio
-    # gaps in two runs of four: docs/performance.md)
-    echo_cancellation: bool = False
+    # the reply's echo taken out before the gate judges (`EchoCanceller`), so a soft vowel,
+    # nasal or glide under the echo's level cuts the reply where it begins: at 8 sessions
+    # every onset kind stopped under 80 ms p95 in 5 runs of 7, against 110-149 ms for the
+    # slowest kind without it, for ~10 ms of voice-to-voice and up to 15% more CPU
+    # (docs/performance.md, seventeenth session); false for a line that cancels its own
+    # echo, or to save that CPU
+    echo_cancellation: bool = True
     speculative_replies: bool = True  # begin the reply, silently, at a pause in the caller's voice
     barge_in_min_speech_ms: int = 64  # while the reply plays, speech starts sooner (96 otherwise)
     max_inbound_s: float = 10.0  # audio waiting to be heard; more is dropped, with an error
