@@ -40,7 +40,7 @@ LEVEL_WINDOW = RUNTIME_RATE // 50  # levels are compared over 20 ms
 ARRIVALS_KEPT = 200  # frames whose arrival times are kept: 4 s of 20 ms frames
 ECHO_CHECK_SAMPLES = RUNTIME_RATE // 2  # speech over the reply is judged on its last 0.5 s
 WINDOWS_KEPT = ECHO_CHECK_SAMPLES // LEVEL_WINDOW + 1  # ... of 20 ms windows, and the one it begins in
-Window = tuple[int, Bands, Bands | None]  # where it begins, its judged levels, what the canceller took
+Window = tuple[int, Bands, Bands]  # where it begins, its judged levels, what the canceller took
 
 
 class Inbound:
@@ -52,7 +52,7 @@ class Inbound:
         self._pending = np.zeros((1 if canceller is None else 2, 0), np.int16)  # audio (and residual) ...
         self._pending_at = 0  # ... from this stream position, short of a whole window
         # the judged band levels of the last 0.5 s of 20 ms windows, by where each begins,
-        # and what the canceller took from each band (dB; None without one)
+        # and what the canceller took from each band (dB; 0 without one)
         self._judged: collections.deque[Window] = collections.deque(maxlen=WINDOWS_KEPT)
         self._resampler = Resampler(config.input_rate, RUNTIME_RATE)
         self._queue: asyncio.Queue[tuple[AudioFrame, float]] = asyncio.Queue()  # with arrival time
@@ -120,12 +120,10 @@ class Inbound:
         bands = band_levels_db(audio[:, : n * LEVEL_WINDOW].reshape(len(rows), n, LEVEL_WINDOW), RUNTIME_RATE)
         heard, left = bands[0], bands[-1]
         judged = np.minimum(heard, left)
-        taken = None
-        if self.canceller is not None:
-            with np.errstate(invalid="ignore"):  # silence in and out: nan, nothing taken
-                taken = heard - left
+        with np.errstate(invalid="ignore"):  # silence in and out: nan, nothing taken
+            taken = heard - left  # (without a canceller the residual is the audio: 0)
         starts = range(self._pending_at, self._pending_at + n * LEVEL_WINDOW, LEVEL_WINDOW)
-        self._judged.extend(zip(starts, judged, taken if taken is not None else [None] * n, strict=True))
+        self._judged.extend(zip(starts, judged, taken, strict=True))
         self._pending, self._pending_at = audio[:, n * LEVEL_WINDOW :], self._pending_at + n * LEVEL_WINDOW
         return heard, left, judged
 
@@ -180,6 +178,6 @@ class Inbound:
         if not windows:
             return None
         judged = np.array([bands for _, bands, _ in windows])
-        taken = None if self.canceller is None else np.array([took for _, _, took in windows])
+        taken = np.array([took for _, _, took in windows])
         callers = np.flatnonzero(self.echo.callers(judged, self.arrival(start), time.monotonic(), taken))
         return max(start, windows[int(callers[0])][0]) if callers.size else None
