@@ -214,13 +214,14 @@ class VirtualCaller:
         return self.played(response_id) / self._rate if self._rate else 0.0
 
     def _replied(self) -> bool:
-        """The reply to the caller's last words ended: one created after they stopped
-        speaking, or one that played out since (a reply they talked over and that then
-        resumed). A reply their words cut ends after they stop too, but is not it."""
-        since = self.speech_ends[-1] if self.speech_ends else 0.0
-        answers = {e.data["response_id"] for e in self._created if e.at > since}
+        """The reply to the caller's last words ended after they stopped speaking: one
+        created since their voice began (`_current_response`), or one that played out (a
+        reply they talked over and that then resumed). A reply their words cut ends
+        after they stop too, but is not it."""
+        began, stopped = self._last_words()
+        answers = {e.data["response_id"] for e in self._created if e.at > began}
         return any(
-            e.at > since and (e.data["response_id"] in answers or e.data.get("status") == "completed")
+            e.at > stopped and (e.data["response_id"] in answers or e.data.get("status") == "completed")
             for e in self._done
         )
 
@@ -229,10 +230,19 @@ class VirtualCaller:
         return any(ended == response_id for ended, _ in self.ended)
 
     def _current_response(self) -> str | None:
-        """The reply to the caller's last words (created after they stopped speaking)."""
-        since = self.speech_ends[-1] if self.speech_ends else 0.0
-        created = [e for e in self._created if e.at > since]
+        """The reply to the caller's last words: the last created since their voice
+        began. Not since the step ended: a turn judged over in a pause has its reply
+        created (`Event.at`: when it was begun, held back) while the clip's quiet tail
+        still plays, and the step then waited its whole timeout for a reply."""
+        began, _ = self._last_words()
+        created = [e for e in self._created if e.at > began]
         return str(created[-1].data["response_id"]) if created else None
+
+    def _last_words(self) -> tuple[float, float]:
+        """When the caller's last words began to be voiced, and when their step ended."""
+        if not self.speech_ends:
+            return 0.0, 0.0
+        return self.voice_spans[-1][0], self.speech_ends[-1]
 
     async def play(self, session: Microphone, timeline: list[Step], rate: int = RUNTIME_RATE) -> None:
         """Play the timeline into the session in real time (`rate`: the mic's rate)."""

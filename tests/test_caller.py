@@ -60,3 +60,17 @@ def test_the_loudspeaker_plays_a_run_of_frames_back_to_back():
     at = round((due + 0.1 - caller._start) * RUNTIME_RATE)
     assert np.array_equal(np.rint(caller._echo[at : at + reply.size]), reply)
     assert not np.any(caller._echo[:at]) and not np.any(caller._echo[at + reply.size :])
+
+
+async def test_a_reply_begun_in_the_quiet_tail_of_the_words_is_the_reply_to_them():
+    """A turn judged over in a pause has its reply created (and it may begin to play)
+    while the clip's quiet tail is still going out: that reply is the one to the words,
+    and the caller interrupts it on cue, not after the step's timeout."""
+    caller = VirtualCaller()
+    tail = np.zeros(10 * FRAME, np.int16)
+    words = Speak(np.concatenate([np.full(10 * FRAME, 1000, np.int16), tail]))
+    session = Replies(caller, words_frames=10, reply_s=1.4)
+    await caller.play(session, [words, UntilHeard(1.0, timeout=3.0)])
+    (created,) = caller.of_type(ev.RESPONSE_CREATED)
+    assert created.at < caller.speech_ends[-1]  # in the tail, before the step ended
+    assert session.frames <= 20 + 2, session.frames  # not 150 frames (3 s) on
