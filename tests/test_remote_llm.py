@@ -242,6 +242,11 @@ async def running(service: LlmService) -> list[float]:
     return [(await counters(service.replica_url(i)))["vllm:num_requests_running"] for i in range(2)]
 
 
+async def generated(service: LlmService) -> list[float]:
+    """Tokens generated so far, per replica (counted with the gauges, step by step)."""
+    return [(await counters(service.replica_url(i)))["vllm:generation_tokens_total"] for i in range(2)]
+
+
 async def replied(conversation: Conversation, text: str) -> str:
     return "".join([delta async for delta in conversation.reply(text)])
 
@@ -295,32 +300,36 @@ async def test_words_prefilled_while_the_caller_speaks_leave_only_the_last_words
 
 
 async def test_a_barge_in_closes_the_stream_and_the_server_stops_the_request(service, remote):
-    long = RunToLimit(service.url, replace(remote.config, max_tokens=1000))
+    """Judged by the replicas' counters, not by when they are read: on a 2-core machine
+    (Intel Xeon family 6 model 207, AMX) this test's process was seen held up for 2-15 s
+    at a time while a replica generated (its engine core and worker take both cores),
+    and a look at the replicas after the reply's first token came after the whole
+    1,000-token request had run (CI, and 3 runs of 4 here)."""
+    limit = CONTEXT - 200  # run to its limit, ~30 s of generation here
+    long = RunToLimit(service.url, replace(remote.config, max_tokens=limit))
     long.on = True
     await long.start()
     conversation = Conversation(long)
+    before = await generated(service)
     reply = conversation.reply(
         "Tell me a very long story about a dragon who learns to fly, with many details."
     )
     try:
         async for _ in reply:
             break
-        now = await running(service)
-        assert sum(now) == 1, now
-        replica = service.replica_url(now.index(1))
-        stopped = time.monotonic()
         await conversation.abort()  # what a barge-in does (`duplex.reply`)
-        while (await counters(replica))["vllm:num_requests_running"] > 0:
-            # (run to its limit, the request would go on for ~20 s; the full suite once saw
-            # the server's gauge fall 0.53 s after the abort, on a loaded machine)
-            assert time.monotonic() - stopped < 2.0, "the server still runs the request 2 s on"
-            await asyncio.sleep(0.02)
-        generated = (await counters(replica))["vllm:generation_tokens_total"]
+        deadline = time.monotonic() + 60
+        while sum(await running(service)) > 0:
+            assert time.monotonic() < deadline, "the server still runs the request a minute on"
+            await asyncio.sleep(0.05)
+        after = await generated(service)
         await asyncio.sleep(0.3)
-        assert (await counters(replica))["vllm:generation_tokens_total"] == generated
+        assert await generated(service) == after  # nothing generated once the gauges fell
     finally:
         await reply.aclose()
         await long.aclose()
+    grown = sorted(a - b for a, b in zip(after, before, strict=True))
+    assert grown[0] == 0 and 0 < grown[1] < limit / 2, grown  # one replica ran it, and stopped early
     assert conversation.turns[-1].reply_text  # kept as far as it got, for truncation
 
 
