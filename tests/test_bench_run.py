@@ -123,7 +123,7 @@ def test_the_caller_waits_for_the_reply_to_its_words_not_the_one_they_cut():
     from duplex.events import Event
 
     def told(caller: VirtualCaller, *events: Event) -> None:  # as the session tells it (`Sink.event`)
-        caller.speech_ends = [5.0]  # the interrupting line ended
+        caller.voice_spans, caller.speech_ends = [(3.5, 4.8)], [5.0]  # the interrupting line, voiced, ended
         for event in events:
             caller.event(event)
 
