@@ -328,8 +328,8 @@ async def test_a_barge_in_closes_the_stream_and_the_server_stops_the_request(ser
     finally:
         await reply.aclose()
         await long.aclose()
-    grown = sorted(a - b for a, b in zip(after, before, strict=True))
-    assert grown[0] == 0 and 0 < grown[1] < limit / 2, grown  # one replica ran it, and stopped early
+    grown = [a - b for a, b in zip(after, before, strict=True)]
+    assert 0 < max(grown) < limit / 2, grown  # the replica that ran it stopped early
     assert conversation.turns[-1].reply_text  # kept as far as it got, for truncation
 
 
