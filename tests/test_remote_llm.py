@@ -47,6 +47,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
 
 BLOCK = 32  # the replicas' KV block, in tokens (`duplex serve-llm` on the CPU)
 CONTEXT = 2048  # as the in-process engine of the test session (tests/conftest.py)
+RUNNING, GENERATED = "vllm:num_requests_running", "vllm:generation_tokens_total"  # replicas' metrics
 
 
 def free_run(n: int) -> int:
@@ -92,7 +93,7 @@ class LlmService:
             stderr=subprocess.STDOUT,
             # a group of its own (the tests kill replicas, and the group at the end), in
             # this process's session: started in a session of its own (autogroup), a
-            # replica generating held this process up for 2-17 s at a time (2 cores)
+            # replica generating held this process up for 0.8-17 s at a time (2 cores)
             process_group=0,
         )
 
@@ -240,14 +241,9 @@ class RunToLimit(RemoteLlm):
         return super().complete(request_id, session_key, prompt, max_tokens, ignore_eos or to_limit, **kw)
 
 
-async def running(service: LlmService) -> list[float]:
-    """Requests running now, per replica."""
-    return [(await counters(service.replica_url(i)))["vllm:num_requests_running"] for i in range(2)]
-
-
-async def generated(service: LlmService) -> list[float]:
-    """Tokens generated so far, per replica (counted with the gauges, step by step)."""
-    return [(await counters(service.replica_url(i)))["vllm:generation_tokens_total"] for i in range(2)]
+async def per_replica(service: LlmService, name: str) -> list[float]:
+    """One of the replicas' counters or gauges, per replica (recorded step by step)."""
+    return [(await counters(service.replica_url(i)))[name] for i in range(2)]
 
 
 async def replied(conversation: Conversation, text: str) -> str:
@@ -313,7 +309,7 @@ async def test_a_barge_in_closes_the_stream_and_the_server_stops_the_request(ser
     long.on = True
     await long.start()
     conversation = Conversation(long)
-    before = await generated(service)
+    before = await per_replica(service, GENERATED)
     reply = conversation.reply(
         "Tell me a very long story about a dragon who learns to fly, with many details."
     )
@@ -322,12 +318,12 @@ async def test_a_barge_in_closes_the_stream_and_the_server_stops_the_request(ser
             break
         await conversation.abort()  # what a barge-in does (`duplex.reply`)
         deadline = time.monotonic() + 60
-        while sum(await running(service)) > 0:
+        while sum(await per_replica(service, RUNNING)) > 0:
             assert time.monotonic() < deadline, "the server still runs the request a minute on"
             await asyncio.sleep(0.05)
-        after = await generated(service)
+        after = await per_replica(service, GENERATED)
         await asyncio.sleep(0.3)
-        assert await generated(service) == after  # nothing generated once the gauges fell
+        assert await per_replica(service, GENERATED) == after  # nothing generated once the gauges fell
     finally:
         await reply.aclose()
         await long.aclose()
@@ -587,7 +583,7 @@ async def survive_a_replica_killed(service: LlmService, conversation: Conversati
         # killed at once, before anything else: once the whole 1,500-token reply came
         # before the kill landed, which followed a look at both replicas' metrics
         service.kill_replica(home)
-        elsewhere = (await counters(service.replica_url(other)))["vllm:num_requests_running"]
+        elsewhere = (await counters(service.replica_url(other)))[RUNNING]
         assert elsewhere == 0, (home, elsewhere)  # the session stayed on its replica (it fails below)
         after: list[str] = []
         try:
