@@ -36,7 +36,7 @@ from duplex.echo import EchoGate
 from duplex.echo_canceller import EchoCanceller
 from duplex.events import Event, SessionError
 from duplex.state import Lifecycle
-from duplex.transports.port import Sink
+from duplex.port import Sink
 from duplex.turn import TurnTimes
 from models.llm import LlmError
 from models.llm_types import LlmUnavailable

@@ -1,7 +1,7 @@
 """`Session`: one conversation, transport-agnostic: the controller of its turns.
 
 A transport drives it through `SessionPort` and gives it a `Sink` for what goes out
-(both in duplex/transports/port.py): audio frames (20 ms, at the voice's rate), events,
+(both in duplex/port.py): audio frames (20 ms, at the voice's rate), events,
 `flush` to drop the audio the transport still buffers (barge-in), and `end_reply` just
 before each reply's ``response.done``.
 
@@ -44,7 +44,7 @@ from duplex.inbound import ECHO_CHECK_SAMPLES, Inbound
 from duplex.reply import Outlet, Reply, ReplyState, gather_cancelled, llm_failure
 from duplex.session_config import SessionConfig, check_system_prompt
 from duplex.state import State, StateMachine
-from duplex.transports.port import SessionPort, Sink, Voice
+from duplex.port import SessionPort, Sink, Voice
 from duplex.turn import Interruption, TurnTimes, word_times_ms
 from models.asr import AsrClosed
 from models.conversation import MAX_USER_CHARS, Conversation, TurnStats, check_user_text

@@ -29,7 +29,7 @@ from duplex.events import SessionError
 from duplex.session import Session
 from duplex.session_config import SessionConfig
 from duplex.supervise import every
-from duplex.transports.port import SessionPort, Sink, Voice
+from duplex.port import SessionPort, Sink, Voice
 
 log = logging.getLogger("duplex.sessions")
 

@@ -1,7 +1,7 @@
 """The ways in: one adapter per transport (WebRTC, gRPC, Twilio Media Streams, SIP/RTP,
 the OpenAI Realtime WebSocket), all of one shape.
 
-    wire ─► adapter (its protocol only) ─► SessionPort ─► Session        (port.py)
+    wire ─► adapter (its protocol only) ─► SessionPort ─► Session   (duplex/port.py)
     wire ◄─ adapter's Wire ◄─ OutputStage ◄─ Sink ◄─ Session             (output.py)
     connection ◄──── Link ────► session: either ends, both end, once      (link.py)
 

@@ -26,7 +26,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from audio_io.outbox import Outbox
 from duplex.events import SessionError
 from duplex.transports.output import OutputStage
-from duplex.transports.port import SessionPort
+from duplex.port import SessionPort
 
 log = logging.getLogger("duplex.transports")
 

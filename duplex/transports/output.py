@@ -70,7 +70,7 @@ class Wire(Protocol[T]):
 
 
 class OutputStage(Generic[T]):
-    """The session's `Sink` for one connection (duplex/transports/port.py)."""
+    """The session's `Sink` for one connection (duplex/port.py)."""
 
     def __init__(self, wire: Wire[T], outbox: Outbox[T] | None = None) -> None:
         self.wire = wire

@@ -72,7 +72,7 @@ from duplex.session_config import MAX_SYSTEM_PROMPT, SessionConfig
 from duplex.sessions import Sessions
 from duplex.transports.link import CLOSE_TIMEOUT_S, SLICE_S, Link, send_all, websocket_link
 from duplex.transports.output import OutputStage
-from duplex.transports.port import SessionPort
+from duplex.port import SessionPort
 from duplex.transports.realtime_config import FORMATS, RealtimeError, RealtimeSessionConfig, shown
 from duplex.transports.realtime_events import (  # noqa: F401 (MAX_ITEMS, MAX_QUEUED: the bounds named here)
     LAWS,

@@ -54,7 +54,7 @@ from duplex.session_config import SessionConfig
 from duplex.sessions import Sessions
 from duplex.transports.link import Link
 from duplex.transports.output import Cursor, OutputStage
-from duplex.transports.port import SessionPort
+from duplex.port import SessionPort
 
 log = logging.getLogger("duplex.twilio")
 

@@ -53,7 +53,7 @@ from duplex.session_config import SessionConfig
 from duplex.sessions import Sessions
 from duplex.transports.link import Link
 from duplex.transports.output import Cursor, OutputStage
-from duplex.transports.port import SessionPort
+from duplex.port import SessionPort
 from duplex.transports.realtime_config import RealtimeSessionConfig
 from duplex.transports.realtime_events import RealtimeItems, RealtimeWire
 
