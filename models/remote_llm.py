@@ -24,12 +24,15 @@ and the engine watch probes it every second (`duplex.engine_watch`). While it ca
 reached, health says not ready and a request fails with `LlmUnavailable` after one
 probe (milliseconds when connections are refused); all recovers by itself when the
 service answers again.
+
+Here: the client (start-up checks, reachability, requests with their retries and
+aborts). The wire format, events into deltas and error answers into typed errors, is
+`models.remote_llm_wire`; a session's chunks on its growing prefix, `models.remote_stream`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 import uuid
@@ -43,11 +46,13 @@ from models.chat_format import ChatFormat
 from models.handoff import in_daemon_thread
 from models.llm import LlmConfig
 from models.llm_types import Delta, EngineCounters, LlmError, LlmUnavailable
+from models.remote_llm_wire import Retryable, deltas, http_error
+from models.remote_stream import RemoteStream
 
 log = logging.getLogger("duplex.llm")
 
 SESSION_HEADER = "X-Session-ID"
-CONNECT_TIMEOUT_S = 10.0  # loopback under load once took over 2 s (bench ar, 8 streams at once)
+CONNECT_TIMEOUT_S = 10.0  # generous: connecting on a loaded machine has taken seconds (docs/performance.md)
 PROBE_TIMEOUT_S = 2.0
 # a service that sends nothing this long (hung, not dead) fails the request in flight
 READ_TIMEOUT_S = 30.0
@@ -304,7 +309,7 @@ class RemoteLlm:
                     said = True
                     yield delta
                 return
-            except _Retryable as e:
+            except Retryable as e:
                 if said or wait_s is None:
                     raise LlmUnavailable(str(e)) from e
                 log.warning("%s; trying again in %g s (attempt %d)", e, wait_s, attempt + 1)
@@ -318,9 +323,9 @@ class RemoteLlm:
         try:
             async with self._http.post(f"{self.url}/v1/completions", json=body, headers=headers) as response:
                 if response.status != 200:
-                    raise _http_error(self.url, response.status, await response.text())
+                    raise http_error(self.url, response.status, await response.text())
                 self._in_flight[request_id] = response
-                async for delta in _deltas(response):
+                async for delta in deltas(response):
                     if delta.finished:
                         last = delta  # yielded after [DONE]: the connection is then reused
                     else:
@@ -335,8 +340,8 @@ class RemoteLlm:
                 self.reachable = False  # nobody listens: the watch takes it from here
                 raise LlmUnavailable(f"the LLM service at {self.url} does not answer: {e}") from e
             if isinstance(e, LlmUnavailable):
-                raise _Retryable(str(e)) from e
-            raise _Retryable(f"the LLM service at {self.url} stopped answering: {e}") from e
+                raise Retryable(str(e)) from e
+            raise Retryable(f"the LLM service at {self.url} stopped answering: {e}") from e
         finally:
             self._in_flight.pop(request_id, None)
             self._aborted.discard(request_id)
@@ -344,145 +349,3 @@ class RemoteLlm:
     def _count(self, last: Delta) -> None:
         self.counters.prefill_tokens += last.prompt_tokens - (last.cached_tokens or 0)
         self.counters.steps += 1
-
-
-async def _deltas(response: aiohttp.ClientResponse) -> AsyncIterator[Delta]:
-    """The completion's server-sent events as deltas. vLLM sends the prompt's size with
-    every event but what its prefix cache held only in the closing usage event, after
-    the last token's: until then a delta's ``cached_tokens`` is None (not known yet),
-    and the finished delta is held back for it."""
-    finished: Delta | None = None
-    done = False
-    async for raw in response.content:
-        line = raw.strip()
-        if not line.startswith(b"data:"):
-            continue
-        data = line[5:].strip()
-        if data == b"[DONE]":
-            done = True
-            break
-        try:
-            event = json.loads(data)
-        except ValueError:
-            raise LlmError(f"the LLM service sent an unreadable event: {data[:80]!r}") from None
-        if "error" in event:
-            raise LlmError(f"the LLM service: {event['error']}")
-        usage = event.get("usage") or {}
-        choices = event.get("choices") or []
-        if not choices:  # the closing usage event
-            details = usage.get("prompt_tokens_details") or {}
-            if finished is not None and "cached_tokens" in details:
-                finished = replace(finished, cached_tokens=int(details["cached_tokens"]))
-            continue
-        choice = choices[0]
-        reason = choice.get("finish_reason")
-        delta = Delta(
-            list(choice.get("token_ids") or []),
-            choice.get("text") or "",
-            reason is not None,
-            reason,
-            int(usage.get("prompt_tokens") or 0),
-            None,
-            _first_logprobs(choice.get("logprobs")),
-        )
-        if reason is None:
-            yield delta
-        else:
-            finished = delta
-    if not done:  # the body ended cleanly but early: a router's replica died mid-reply
-        raise LlmUnavailable("the LLM service broke off the reply")
-    if finished is not None:
-        yield finished
-
-
-def _first_logprobs(logprobs: Any) -> dict[int, float] | None:
-    """The log-probabilities asked for (``logprob_token_ids``) at the event's first
-    token, from the Completions API's ``top_logprobs`` keyed ``"token_id:N"``."""
-    tops = logprobs.get("top_logprobs") if isinstance(logprobs, dict) else None
-    if not tops or not isinstance(tops[0], dict):
-        return None
-    out = {}
-    for key, value in tops[0].items():
-        if isinstance(key, str) and key.startswith("token_id:") and isinstance(value, int | float):
-            try:
-                out[int(key[9:])] = float(value)
-            except ValueError:
-                continue
-    return out
-
-
-class _Retryable(Exception):
-    """The service is there but this request failed in it (a 5xx answer, or its stream
-    broke off): sent again when nothing of it was yielded yet, as a router's replica
-    that just died is out of its ring within about a second."""
-
-
-def _http_error(url: str, status: int, text: str) -> LlmError:
-    try:
-        body = json.loads(text)
-        message = body.get("error", {}).get("message") or body.get("message") or text
-    except (ValueError, AttributeError):
-        message = text
-    message = str(message)[:500]
-    if status >= 500:  # the service (or a router's replica) failed, not the request
-        return LlmUnavailable(f"the LLM service at {url}: HTTP {status}: {message}")
-    return LlmError(f"the LLM service refused the request: HTTP {status}: {message}")
-
-
-class RemoteStream:
-    """A session's chunks as requests on the growing prefix (`models.llm_backend`)."""
-
-    def __init__(self, backend: RemoteLlm, request_id: str, session_key: str) -> None:
-        self.backend = backend
-        self.request_id = request_id
-        self.session_key = session_key
-        self.tokens: list[int] = []  # what the server's prefix cache has of this session
-        self.alive = True
-        self.busy = False
-        self._chunks = 0
-
-    @property
-    def resumes(self) -> bool:
-        return False  # every chunk is a new request: the server counts what it found cached
-
-    async def run(
-        self,
-        chunk: list[int],
-        max_tokens: int,
-        ignore_eos: bool = False,
-        logprobs_of: list[int] | None = None,
-    ) -> AsyncIterator[Delta]:
-        assert not self.busy, "one chunk at a time"
-        if not self.alive:
-            raise LlmError("the session's LLM stream has ended")
-        if not chunk:
-            raise ValueError("an empty chunk")
-        self.busy = True
-        prompt = self.tokens + chunk
-        self._chunks += 1
-        generated: list[int] = []
-        finished = False
-        try:
-            async for delta in self.backend.complete(
-                self.request_id,
-                self.session_key,
-                prompt,
-                max_tokens,
-                ignore_eos,
-                wire_id=f"{self.session_key}-{self.request_id}-c{self._chunks}",
-                logprobs_of=logprobs_of,
-            ):
-                generated += delta.token_ids
-                finished = delta.finish_reason is not None
-                yield delta
-                if finished:
-                    return
-        finally:
-            self.busy = False
-            if finished:
-                self.tokens = prompt + generated[:-1]
-            else:
-                self.alive = False
-
-    def close(self) -> None:
-        self.alive = False
