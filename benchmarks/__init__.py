@@ -1,7 +1,10 @@
 """The benchmarks, one module per benchmark: its measurement, and the result file and
-plots `make bench` writes from it. They ship with the source checkout, not the wheel.
+plots `make bench` writes from it; and the harnesses they share with the tests (the
+scripted caller, `benchmarks.caller`; the spoken test set, `benchmarks.speech_set`).
+They ship with the source checkout, not the wheel, and the runtime never imports them.
 
-- ``duplex bench <stage> ...`` measures one stage in its process and prints one JSON
+- ``duplex bench <stage> ...`` runs ``python -m benchmarks <stage> ...`` in the checkout
+  (`benchmarks.__main__`), which measures one stage in its process and prints one JSON
   object as its last line (`run_bench`);
 - ``python -m benchmarks.<stage> ...`` (the same flags) measures it and writes
   ``benchmarks/results/<stage>.json`` and its plots;

@@ -19,10 +19,10 @@ import numpy.typing as npt
 
 from audio_io.resample import resample
 from benchmarks.common import bench_main, new_plot, percentiles, save_plot, sessions_of
+from benchmarks.speech_set import synthesize_set, wer
 from models.asr import AsrEngine
 from models.listen import Listener, ListenEventKind
 from models.prepare import model_path
-from models.speech_set import synthesize_set, wer
 from models.tts import TtsEngine
 from models.vad import VadEngine
 

@@ -66,18 +66,24 @@ def sessions_of(args: argparse.Namespace) -> list[int]:
 
 
 def stage_config(stage: str, argv: Sequence[str] | None = None) -> tuple[Config, argparse.Namespace]:
-    """The configuration and arguments of ``duplex bench STAGE ARGV``: the same flags,
+    """The configuration and arguments of ``duplex bench STAGE ARGV`` (``ARGV``: this
+    process's arguments if None)."""
+    return bench_config([stage, *(sys.argv[1:] if argv is None else argv)])
+
+
+def bench_config(argv: Sequence[str]) -> tuple[Config, argparse.Namespace]:
+    """The configuration and arguments of ``duplex bench ARGV``: the same flags,
     ``DUPLEX_*`` environment and config file; logging set up as the command does."""
     from duplex.cli import build_parser
     from duplex.config import FIELDS, ConfigError, load_config
     from duplex.logs import setup_logging
 
-    args = build_parser().parse_args(["bench", stage, *(sys.argv[1:] if argv is None else argv)])
+    args = build_parser().parse_args(["bench", *argv])
     flags = {k: v for k, v in vars(args).items() if k in FIELDS and v is not None}
     try:
         config = load_config(args.config, os.environ, flags)
     except ConfigError as e:
-        raise SystemExit(f"{stage}: configuration: {e}") from e
+        raise SystemExit(f"{args.stage}: configuration: {e}") from e
     setup_logging(config.log_level, config.log_format, [config.auth_token or ""])
     return config, args
 

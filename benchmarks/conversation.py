@@ -45,10 +45,10 @@ import psutil
 from audio_io.pcm import RUNTIME_RATE
 from audio_io.resample import resample
 from audio_io.wav import read_wav
+from benchmarks.caller import Silence, Speak, Step, UntilHeard, UntilReplyDone, VirtualCaller, heard_by_marks
 from benchmarks.common import bench_main, new_plot, percentiles, save_plot, sessions_of
 from benchmarks.interruptions import Line, interrupting_lines
 from duplex import events as ev
-from duplex.caller import Silence, Speak, Step, UntilHeard, UntilReplyDone, VirtualCaller, heard_by_marks
 from duplex.config import Config
 from duplex.engines import Engines
 from duplex.events import SessionError

@@ -40,12 +40,12 @@ from audio_io.resample import resample
 from audio_io.wav import read_wav
 from benchmarks.common import bench_main, new_plot, percentiles, save_plot
 from benchmarks.conversation import clips_for, run_sessions, with_engines
+from benchmarks.speech_set import SENTENCES
 from duplex.config import Config
 from duplex.engines import Engines
 from duplex.session_config import JUDGED_PAUSE_MS, SessionConfig
 from models.conversation import Conversation
 from models.listen import Listener, ListenEventKind
-from models.speech_set import SENTENCES
 from models.tts import voiced_span
 from models.vad import VadConfig
 

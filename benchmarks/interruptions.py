@@ -33,7 +33,7 @@ import numpy.typing as npt
 
 from audio_io.pcm import RUNTIME_RATE
 from audio_io.resample import resample
-from duplex.caller import Speak, frame_power, voiced_frames
+from benchmarks.caller import Speak, frame_power, voiced_frames
 from models.tts import TtsEngine
 
 SPEECH_DIR = Path(sys.prefix) / "speech"  # where `make setup-bench` puts the wheels

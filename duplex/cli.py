@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,6 +22,8 @@ from models.bundled import ModelNotFoundError
 from models.cache import configure_engine_caches, default_cache_dir
 
 log = logging.getLogger("duplex")
+# where the package was imported from: a source checkout holds benchmarks/ beside it
+CHECKOUT = Path(__file__).resolve().parent.parent
 
 MODEL_KEYS = (
     "cache_dir",
@@ -198,6 +201,7 @@ def _fail(message: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     try:
         config = load_config(args.config, os.environ, _flags(args))
@@ -231,29 +235,36 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(example() if args.example else render(config, "as loaded"), end="")
             return 0
         if args.command == "bench":
-            return _bench(config, args)
+            return _bench(argv[argv.index("bench") + 1 :])
         return _prepare(config, cache_dir, args)
     except ModelNotFoundError as e:
         return _fail(str(e))
 
 
-def _bench(config: Config, args: argparse.Namespace) -> int:
-    """``duplex bench``: the checkout's `benchmarks` package measures. It is not in the
-    wheel, and an editable install maps only the runtime's packages: the checkout that
-    holds this file goes on the path if it has them."""
-    checkout = Path(__file__).resolve().parent.parent
-    if (checkout / "benchmarks" / "__init__.py").is_file() and str(checkout) not in sys.path:
-        sys.path.append(str(checkout))
-    try:
-        from benchmarks import run_bench
-    except ImportError as e:
-        if e.name != "benchmarks":
-            raise
+def _bench(argv: Sequence[str]) -> int:
+    """``duplex bench ARGV``: ``python -m benchmarks ARGV`` in a process of its own, started
+    in the checkout that holds this package, where `benchmarks` is found as any top-level
+    package of the current directory is (the runtime never reaches for it: it is not in the
+    wheel, and an editable install maps only the runtime's packages). The child goes back
+    to this process's working directory before it reads anything, so that relative paths
+    (``--config``, ``--utterances``, a local ``--llm``) mean what they mean here. Its exit
+    status is the command's (128 + the signal's number if a signal ended it, as a shell
+    says); SIGTERM is passed on to it."""
+    if not (CHECKOUT / "benchmarks" / "__main__.py").is_file():
         return _fail(
             "benchmarks ship with the source checkout, not with the installed package: "
             "run `duplex bench` from a checkout of the repository (installed with pip install -e)"
         )
-    return run_bench(config, args)
+    command = [sys.executable, "-m", "benchmarks", "--cwd", os.getcwd(), *argv]
+    with subprocess.Popen(command, cwd=CHECKOUT) as child:
+        previous = signal.signal(signal.SIGTERM, lambda signum, frame: child.send_signal(signum))
+        try:
+            code = child.wait()
+        except KeyboardInterrupt:  # the child, in the same process group, got the SIGINT too
+            code = child.wait()
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+    return 128 - code if code < 0 else code
 
 
 def _serve(config: Config, cache_dir: Path) -> int:

@@ -57,7 +57,7 @@ def vad_engine():
 
 @pytest.fixture(scope="session")
 def speech_set(tts_engine):
-    from models.speech_set import synthesize_set
+    from benchmarks.speech_set import synthesize_set
 
     return synthesize_set(tts_engine)
 

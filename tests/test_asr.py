@@ -8,8 +8,8 @@ import pytest
 from audio_io.g711 import ulaw_decode, ulaw_encode
 from audio_io.pcm import float_to_pcm16
 from audio_io.resample import resample
+from benchmarks.speech_set import normalize, wer, word_errors
 from models.listen import Listener, ListenEventKind
-from models.speech_set import normalize, wer, word_errors
 
 GAP = np.zeros(12000, np.int16)
 

@@ -95,9 +95,9 @@ def test_each_utterance_is_measured_against_its_own_reply():
     after it began, not after its voice ended: a turn judged over in a pause (or a
     recording whose quiet tail counts as voiced) has its reply created before that, and
     the next utterance's reply, seconds later, was taken for it."""
+    from benchmarks.caller import Received, VirtualCaller
     from benchmarks.conversation import replies_to_utterances
     from duplex import events as ev
-    from duplex.caller import Received, VirtualCaller
     from duplex.events import Event
 
     caller = VirtualCaller()
@@ -118,8 +118,8 @@ def test_the_caller_waits_for_the_reply_to_its_words_not_the_one_they_cut():
     after the line ends (it is judged at its end), and was taken for the answer, so the
     next request was said over the answer and interrupted it (the bench counted 184
     barge-ins at 8 sessions where its script has 105 lines)."""
+    from benchmarks.caller import VirtualCaller
     from duplex import events as ev
-    from duplex.caller import VirtualCaller
     from duplex.events import Event
 
     def told(caller: VirtualCaller, *events: Event) -> None:  # as the session tells it (`Sink.event`)
@@ -151,9 +151,9 @@ def test_the_caller_waits_for_the_reply_to_its_words_not_the_one_they_cut():
 
 
 def test_a_line_said_when_no_reply_plays_or_as_one_ends_is_not_a_missed_interruption():
+    from benchmarks.caller import Received, VirtualCaller
     from benchmarks.conversation import _played_on
     from duplex import events as ev
-    from duplex.caller import Received, VirtualCaller
     from duplex.events import Event
 
     def frames(rid: str, start: float, end: float) -> list[Received]:
@@ -173,8 +173,8 @@ def test_a_line_said_when_no_reply_plays_or_as_one_ends_is_not_a_missed_interrup
 
 
 def test_a_pause_is_a_self_interruption_only_with_no_caller_audio_before_it():
+    from benchmarks.caller import VirtualCaller
     from benchmarks.conversation import CALLER_REACH_S, _self_interruptions
-    from duplex.caller import VirtualCaller
 
     caller = VirtualCaller()
     caller.sound_spans = [(5.0, 6.0)]
@@ -192,7 +192,7 @@ def noise(seconds: float, db: float, rng: np.random.Generator, rate: int = 16000
 
 
 def test_a_recordings_room_noise_is_not_taken_for_its_voice():
-    from duplex.caller import Speak
+    from benchmarks.caller import Speak
 
     rng = np.random.default_rng(0)
     voice = np.concatenate(
@@ -240,8 +240,8 @@ def test_recorded_interruptions_are_cut_faded_and_as_loud_as_the_synthesized_one
 
 
 def test_an_audio_gap_counts_only_where_no_caller_voice_paused_the_reply():
+    from benchmarks.caller import Received, VirtualCaller
     from benchmarks.conversation import _audio_gaps
-    from duplex.caller import Received, VirtualCaller
 
     caller = VirtualCaller()
     times = [1.0 + 0.02 * k for k in range(50)]  # 1.0-1.98 s, then two silences of 0.3 s

@@ -1,4 +1,4 @@
-"""The scripted caller (`duplex.caller.VirtualCaller`) that the session tests and
+"""The scripted caller (`benchmarks.caller.VirtualCaller`) that the session tests and
 `duplex bench conversation` play: what it waits for. Its sessions here are a test
 double that answers on cue; every test with the real session is in test_session.py."""
 
@@ -11,8 +11,8 @@ import pytest
 
 from audio_io.frame import AudioFrame
 from audio_io.pcm import RUNTIME_RATE
+from benchmarks.caller import FRAME, Speak, UntilHeard, VirtualCaller
 from duplex import events as ev
-from duplex.caller import FRAME, Speak, UntilHeard, VirtualCaller
 from duplex.events import Event
 
 

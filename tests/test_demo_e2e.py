@@ -30,7 +30,7 @@ import pytest
 
 from audio_io.resample import resample
 from audio_io.wav import write_wav
-from models.speech_set import wer
+from benchmarks.speech_set import wer
 from tests.conftest import REPO, duplex_command, free_port, speech
 
 E2E = REPO / "tests" / "e2e"

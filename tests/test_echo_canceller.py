@@ -10,7 +10,7 @@ import pytest
 from audio_io.frame import AudioFrame
 from audio_io.pcm import RUNTIME_RATE
 from audio_io.resample import Resampler, resample
-from duplex.caller import room_response, voiced_frames
+from benchmarks.caller import room_response, voiced_frames
 from duplex.echo import EchoGate
 from duplex.echo_canceller import BLOCK, EchoCanceller, gcc_phat_lag
 from duplex.inbound import Inbound

@@ -23,7 +23,7 @@ import pytest
 
 from audio_io.resample import resample
 from audio_io.wav import read_wav, write_wav
-from models.speech_set import wer
+from benchmarks.speech_set import wer
 from tests.conftest import REPO, free_port, speech
 from tests.test_demo_e2e import ARTIFACTS, CHROMIUM, E2E, Namespace
 

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from benchmarks.caller import VirtualCaller
 from duplex import events as ev
-from duplex.caller import VirtualCaller
 from duplex.engine_watch import EngineWatch
 from duplex.engines import Engines
 from duplex.events import SessionError

@@ -19,13 +19,13 @@ from grpc.aio import AbortError
 from audio_io._proto import duplex_pb2 as pb
 from audio_io._proto import duplex_pb2_grpc as pb_grpc
 from audio_io.wav import read_wav, write_wav
-from duplex.caller import heard_by_marks
+from benchmarks.caller import heard_by_marks
+from benchmarks.speech_set import wer
 from duplex.config import Config
 from duplex.grpc_client import Conversation, DuplexClient
 from duplex.sessions import Sessions
 from duplex.transports.grpc_server import GrpcListener
 from duplex.transports.grpc_stream import StreamEnd, send_status
-from models.speech_set import wer
 from tests.conftest import REPO, duplex_command, speech
 from tests.hostile import run_cases, until
 

@@ -33,7 +33,7 @@ import psutil
 import pytest
 
 from audio_io.wav import read_wav, write_wav
-from models.speech_set import wer
+from benchmarks.speech_set import wer
 from tests.conftest import REPO, free_port, speech
 
 # ~5 minutes on 2 idle cores; ~7.5 with the machine busy (the venv's first imports
@@ -169,6 +169,10 @@ def check_wheel(wheel: Path, sdist: Path) -> dict[str, bytes]:
     metadata = zipfile.ZipFile(wheel).read(f"{dist_info}/METADATA").decode()
     assert "License-Expression: Apache-2.0" in metadata
     assert not [n for n in packed if "/audio_io/_proto/" in n], packed
+    # the harnesses and measurements stay in the checkout (the caller and the speech set
+    # among them, once in duplex/ and models/)
+    assert not [n for n in names if n.split("/")[0] in ("benchmarks", "tests")], sorted(names)
+    assert not {"duplex/caller.py", "models/speech_set.py"} & names, sorted(names)
     assert any(n.endswith("/proto/duplex.proto") for n in packed), packed
     return page
 
@@ -223,6 +227,10 @@ def test_the_wheel_installed_offline_into_an_empty_venv_serves_the_page_and_a_gr
         assert where[0].startswith(site) and where[1].startswith(site), where
         assert Path(where[2]) == Path(where[0]).resolve().parent / "demo_web", where
         assert not [p for p in where[3] if p and Path(p).resolve().is_relative_to(REPO)], where[3]
+        bench = subprocess.run(  # the wheel has no benchmarks: said so, nothing measured
+            [duplex, "bench", "tts"], env=env, cwd=work, capture_output=True, text=True, timeout=120
+        )
+        assert bench.returncode == 2 and "benchmarks ship with the source checkout" in bench.stderr, bench
 
         port, grpc_port = free_port(), free_port()
         with phases("duplex serve: start until /healthz is ready"), log.open("wb") as out:

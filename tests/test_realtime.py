@@ -36,6 +36,7 @@ from streamdouble.session import SessionConfig as CallConfig
 from audio_io.g711 import ulaw_decode, ulaw_encode
 from audio_io.pcm import RUNTIME_RATE
 from audio_io.resample import resample
+from benchmarks.speech_set import wer
 from duplex.config import Config
 from duplex.health import Readiness
 from duplex.http_app import build_http_app
@@ -44,7 +45,6 @@ from duplex.sessions import Sessions
 from duplex.transports import realtime
 from duplex.transports.realtime import RealtimeEndpoint
 from duplex.transports.twilio import TwilioEndpoint
-from models.speech_set import wer
 from tests.conftest import speech
 from tests.hostile import lag_tried
 from tests.realtime_shapes import check, checked_sdk

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from audio_io.pcm import RUNTIME_RATE
+from benchmarks.caller import Silence, Speak, Step, UntilHeard, UntilReplyDone, VirtualCaller
 from duplex import events as ev
-from duplex.caller import Silence, Speak, Step, UntilHeard, UntilReplyDone, VirtualCaller
 from duplex.events import SessionError
 from duplex.session import Session
 from duplex.session_config import SessionConfig

@@ -10,8 +10,8 @@ import pytest
 from aiohttp.test_utils import TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
+from benchmarks.caller import Silence, Speak, UntilReplyDone, VirtualCaller
 from duplex import events as ev
-from duplex.caller import Silence, Speak, UntilReplyDone, VirtualCaller
 from duplex.config import Config
 from duplex.events import SessionError
 from duplex.health import Readiness

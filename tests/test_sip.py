@@ -29,13 +29,13 @@ from audio_io.pcm import RUNTIME_RATE
 from audio_io.resample import resample
 from audio_io.rtp import Concealer, DtmfReceiver, JitterBuffer, Released, RtpError, RtpPacket
 from audio_io.wav import read_wav, write_wav
+from benchmarks.speech_set import wer
 from duplex import events as ev
 from duplex.config import Config
 from duplex.events import Event
 from duplex.metrics import LoopLag
 from duplex.sessions import Sessions
 from duplex.transports.sip import ACK_TIMEOUT_S, BAD_SIP, RTP_DROPPED, RtpWire, SipCall, SipListener
-from models.speech_set import wer
 from tests.conftest import speech
 
 QUESTION = "What is the largest ocean on Earth?"

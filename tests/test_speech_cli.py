@@ -2,6 +2,7 @@
 
 import json
 import subprocess
+import sys
 import wave
 from pathlib import Path
 
@@ -10,15 +11,19 @@ import pytest
 
 from audio_io.resample import resample
 from audio_io.wav import write_wav
-from models.speech_set import SENTENCES, wer
+from benchmarks.speech_set import SENTENCES, wer
 from tests.audio_files import FORMATS, write_audio
 from tests.conftest import duplex_command
 
 pytestmark = pytest.mark.slow
 
 
-def run(args: list[str], env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(duplex_command(*args), env=env, capture_output=True, text=True, timeout=timeout)
+def run(
+    args: list[str], env: dict[str, str], timeout: float = 300, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        duplex_command(*args), env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd
+    )
 
 
 def test_say_then_transcribe(tmp_path: Path, offline_env):
@@ -99,9 +104,33 @@ def test_say_nothing_is_an_error(tmp_path: Path, offline_env):
     assert result.returncode == 2 and "empty text" in result.stderr
 
 
-def test_bench_tts_prints_json_last(offline_env):
-    result = run(["bench", "tts", "--sessions", "1", "--quick"], offline_env)
+def test_bench_tts_prints_json_last(tmp_path: Path, offline_env):
+    """Run elsewhere than the checkout, with a configuration file named relative to
+    there: the checkout's benchmarks measure, and the file is found."""
+    (tmp_path / "bench.toml").write_text('log_level = "warning"\n')
+    result = run(
+        ["bench", "tts", "--sessions", "1", "--quick", "--config", "bench.toml"], offline_env, cwd=tmp_path
+    )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["first_audio_ms"]["p50"] > 0 and 0 < report["rtf"] < 1
     assert set(report["sessions"]) == {"1"}
+
+
+def test_bench_outside_a_checkout_says_where_the_benchmarks_are(tmp_path: Path, offline_env):
+    """An installed wheel has no benchmarks/ beside its package (here: the package's
+    checkout pointed at an empty directory): exit 2, in words, nothing run."""
+    code = (
+        "import pathlib, sys, duplex.cli as cli; cli.CHECKOUT = pathlib.Path(sys.argv[1]); "
+        "raise SystemExit(cli.main(sys.argv[2:]))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path), "bench", "tts", "--quick"],
+        env=offline_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "duplex: error: benchmarks ship with the source checkout" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""

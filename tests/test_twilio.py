@@ -33,6 +33,7 @@ from audio_io.g711 import ulaw_decode, ulaw_encode
 from audio_io.outbox import Outbox
 from audio_io.pcm import RUNTIME_RATE
 from audio_io.resample import resample
+from benchmarks.speech_set import wer
 from duplex import events as ev
 from duplex.config import Config
 from duplex.events import Event
@@ -43,7 +44,6 @@ from duplex.sessions import Sessions
 from duplex.transports import twilio as endpoint_module
 from duplex.transports.output import OutputStage
 from duplex.transports.twilio import MARK_EVERY, MAX_MARKS_OUT, TwilioEndpoint, TwilioWire
-from models.speech_set import wer
 from tests.conftest import speech
 from tests.hostile import run_cases, until
 

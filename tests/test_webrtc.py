@@ -34,6 +34,7 @@ from audio_io.webrtc import (
     WebRtcPeer,
     set_host_addresses,
 )
+from benchmarks.speech_set import wer
 from duplex import events as ev
 from duplex.config import Config, ConfigError
 from duplex.health import Readiness
@@ -41,7 +42,6 @@ from duplex.http_app import build_http_app
 from duplex.sessions import Sessions
 from duplex.transports.output import OutputStage
 from duplex.transports.webrtc import PeerWire, WebRtcEndpoint
-from models.speech_set import wer
 from tests.conftest import speech
 from tests.hostile import lag_tried
 from tests.realtime_shapes import check
