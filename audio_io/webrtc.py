@@ -1,30 +1,25 @@
 """WebRTC transport (aiortc): one peer connection per session, audio both ways and an
-``events`` data channel.
+``events`` data channel; here the peer connection, its signalling (the offer checked,
+then answered) and its data channel. The audio it carries (the paced outbound track,
+the inbound jitter buffer and frames) is `audio_io.webrtc_audio`.
 
     browser mic ─Opus─► remote track ─► _pump ─► on_audio(48 kHz mono AudioFrame)
-    Outbox of 20 ms frames at 48 kHz (filled by the transport's output stage) ─► OutboundTrack ─Opus─► browser
+    the output stage's Outbox ─► OutboundTrack (``track``) ─Opus─► browser
     send(json) ─► data channel "events" ─► browser;   browser ─► "events" ─► on_message(text)
-
-Pacing: while a reply plays, the session's Pacer is the only clock. aiortc's sender asks
-the track for one frame at a time and reads nothing ahead, so `OutboundTrack.recv`
-hands over each pushed frame as it arrives; with nothing pushed it sends silence on its
-own 20 ms grid, so RTP timestamps stay continuous and the browser's jitter buffer never
-sees a gap. A barge-in (`Outbox.drop_audio`) therefore drops at most the frame or two
-still here.
 
 Lifecycle: the peer closes itself (and says so with `closed`) when ICE fails or the
 browser closes, when it is not connected within ``connect_timeout_s``, or when no audio
-has come in for ``inbound_timeout_s`` (a vanished browser; ICE alone notices only after
-~30 s). The route that made it closes the session with it.
+has come in for ``inbound_timeout_s`` (a vanished browser, which ICE alone notices
+late). The route that made it closes the session with it.
 
 Limits, for offers from anyone (the offer is checked as text, `check_offer`, before
 aiortc parses any of it):
 
-- at most `MAX_CANDIDATES` ICE candidates (64; a browser offers a few per interface and
-  ICE server, ~2-20): aioice pairs each remote candidate with the others in O(n²) on the
-  event loop, and 20,000 in one offer (under the 1 MiB body limit) held the loop for
-  30 s to over 2 minutes. No trickle: the offer's candidates are the only ones taken.
-- at most `MAX_OFFER_CHARS` of SDP (64 KiB; browsers' offers are 2-10 KB).
+- at most `MAX_CANDIDATES` ICE candidates (a browser offers a few per interface and
+  ICE server): aioice pairs each remote candidate with the others in O(n²) on the
+  event loop, so a large offer would hold the loop for minutes (docs/performance.md,
+  "WebRTC"). No trickle: the offer's candidates are the only ones taken.
+- at most `MAX_OFFER_CHARS` of SDP (browsers' offers are far smaller).
 - an audio section that offers Opus (opus/48000/2), and the answer names Opus alone:
   the session takes the track's 48 kHz, and a G.722 or G.711 call would be heard as
   nothing. Browsers always offer Opus.
@@ -42,8 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
-import fractions
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -61,21 +54,14 @@ from aiortc import (
     RTCSessionDescription,
 )
 from aiortc.exceptions import OperationError
-from aiortc.jitterbuffer import JitterFrame
 from aiortc.mediastreams import MediaStreamError
-from aiortc.rtp import RtpPacket
 
-from audio_io.frame import AudioFrame, Int16Array
-from audio_io.outbox import Outbox
+from audio_io.frame import AudioFrame
 from audio_io.resample import downmix
+from audio_io.webrtc_audio import RATE, AudioJitterBuffer, OutboundTrack, interleaved_int16
 
 log = logging.getLogger("duplex.webrtc")
 
-RATE = 48000  # Opus in WebRTC
-FRAME = RATE // 50  # 20 ms
-PERIOD = 0.020
-SLACK_IDLE = 0.005  # between replies, silence goes out this late for its slot
-SLACK_PLAYING = 0.030  # mid-reply, a late frame (a busy machine) beats a 20 ms hole in the voice
 MAX_PENDING_MESSAGES = 256  # events kept for a data channel that is not open yet
 MAX_GAP = RATE // 2  # lost audio up to this long is kept as silence (longer: a new start)
 MAX_CANDIDATES = 64  # ICE candidates in one offer (browsers: ~2-20); aioice adds them in O(n²)
@@ -108,34 +94,6 @@ def ice_ufrag(sdp: str) -> str:
         if line.startswith("a=ice-ufrag:"):
             return line.split(":", 1)[1].strip()
     return ""
-
-
-class AudioJitterBuffer:
-    """Takes the place of aiortc's audio jitter buffer: each packet is released at once,
-    in order, and a missing one is given up as soon as a later one comes.
-
-    aiortc's own (capacity 16, prefetch 4) is built for video frames of many packets: it
-    holds a frame until the next one has begun, four deep (~80 ms), and holds everything
-    behind a missing packet until 16 have piled up, then drops the lot; at 10% loss most
-    of the caller's audio never reached ASR. An Opus packet is a whole frame, so none of
-    that waiting is needed. The pump fills a lost packet's 20 ms with silence (from the
-    RTP timestamps), so time is kept; a packet that comes after its gap was given up
-    (reordered) is dropped."""
-
-    MAX_MISORDER = 100  # further behind than this: the sender restarted its numbering
-
-    def __init__(self) -> None:
-        self._next: int | None = None  # the sequence number expected next
-
-    def add(self, packet: RtpPacket) -> tuple[bool, JitterFrame | None]:
-        """The receiver's call: (whether to ask for a picture, the frame to decode)."""
-        seq = packet.sequence_number
-        if self._next is not None:
-            behind = (self._next - seq) % 65536
-            if 0 < behind <= self.MAX_MISORDER:
-                return False, None  # late or repeated
-        self._next = (seq + 1) % 65536
-        return False, JitterFrame(data=packet._data, timestamp=packet.timestamp)  # type: ignore[attr-defined]
 
 
 class OfferError(Exception):
@@ -186,82 +144,8 @@ def check_offer(sdp: str) -> None:
         )
 
 
-class OutboundTrack(MediaStreamTrack):
-    """48 kHz mono 20 ms frames for aiortc to encode: pushed audio as it comes, silence
-    on a 20 ms grid when there is none."""
-
-    kind = "audio"
-
-    def __init__(self, outbox: Outbox[Int16Array] | None = None) -> None:
-        super().__init__()
-        self.outbox: Outbox[Int16Array] = outbox if outbox is not None else Outbox()
-        self._next: float | None = None  # when the next frame is due if nothing is pushed
-        self._playing = False  # the last frame was pushed audio
-        self._pts = 0
-        self._silence = np.zeros(FRAME, np.int16)
-        self.frames_sent = 0  # pushed frames handed to the encoder
-
-    def push(self, samples: Int16Array) -> None:
-        if samples.size != FRAME:
-            raise ValueError(f"OutboundTrack takes {FRAME}-sample frames, got {samples.size}")
-        self.outbox.put_frame([samples])
-
-    def flush(self) -> int:
-        """Drop every frame not yet handed to the encoder; returns how many."""
-        return self.outbox.drop_audio()
-
-    async def recv(self) -> av.AudioFrame:
-        if self.readyState != "live":
-            raise MediaStreamError
-        now = time.monotonic()
-        if self._next is None or self._next < now - 0.1:  # first frame, or after a stall: no burst
-            self._next = now
-        slack = SLACK_PLAYING if self._playing else SLACK_IDLE
-        pushed = self.outbox.next_audio()
-        while pushed is None:
-            remaining = self._next + slack - time.monotonic()
-            if remaining <= 0:
-                break
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.outbox.ready.wait(), remaining)
-            pushed = self.outbox.next_audio()
-        self._playing = pushed is not None
-        if pushed is not None:
-            samples = pushed
-            self.frames_sent += 1
-            self._next = time.monotonic() + PERIOD
-        else:
-            samples = self._silence
-            self._next += PERIOD
-        frame = audio_frame(samples, self._pts)
-        self._pts += FRAME
-        return frame
-
-
-def audio_frame(samples: Int16Array, pts: int) -> av.AudioFrame:
-    """48 kHz mono int16 samples as the frame aiortc encodes; ``pts`` counts samples."""
-    frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
-    frame.sample_rate = RATE
-    frame.time_base = fractions.Fraction(1, RATE)
-    frame.pts = pts
-    return frame
-
-
 def _ice_servers(urls: list[str], username: str | None, credential: str | None) -> list[RTCIceServer]:
     return [RTCIceServer(urls=url, username=username, credential=credential) for url in urls]
-
-
-def interleaved_int16(frame: av.AudioFrame) -> Int16Array:
-    """A decoded frame's samples as interleaved int16 (Opus decodes to packed s16)."""
-    raw = frame.to_ndarray()
-    if frame.format.is_planar:  # (channels, samples) -> interleaved
-        raw = raw.T
-    raw = raw.reshape(-1)
-    if raw.dtype == np.int16:
-        return raw.astype(np.int16, copy=False)
-    if np.issubdtype(raw.dtype, np.floating):
-        return np.clip(np.rint(raw * 32767), -32768, 32767).astype(np.int16)
-    return (raw.astype(np.int64) >> (8 * raw.dtype.itemsize - 16)).astype(np.int16)  # wider integers
 
 
 class WebRtcPeer:

@@ -51,7 +51,8 @@ from audio_io import sip
 from audio_io.pcm import RUNTIME_RATE
 from audio_io.resample import resample
 from audio_io.rtp import RtpPacket
-from audio_io.webrtc import FRAME, RATE, audio_frame, set_host_addresses
+from audio_io.webrtc import set_host_addresses
+from audio_io.webrtc_audio import FRAME, RATE, audio_frame
 from benchmarks.common import bench_main, free_port, new_plot, percentiles, save_plot
 from benchmarks.conversation import QUESTIONS
 from duplex.config import Config

@@ -26,14 +26,8 @@ from aiortc.rtp import RtpPacket
 from audio_io import webrtc as wire
 from audio_io.frame import AudioFrame
 from audio_io.resample import resample
-from audio_io.webrtc import (
-    FRAME,
-    AudioJitterBuffer,
-    OfferError,
-    OutboundTrack,
-    WebRtcPeer,
-    set_host_addresses,
-)
+from audio_io.webrtc import OfferError, WebRtcPeer, set_host_addresses
+from audio_io.webrtc_audio import FRAME, AudioJitterBuffer, OutboundTrack
 from benchmarks.speech_set import wer
 from duplex import events as ev
 from duplex.config import Config, ConfigError

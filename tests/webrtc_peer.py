@@ -20,7 +20,7 @@ from aiortc import MediaStreamTrack, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
 
 from audio_io.resample import downmix, resample
-from audio_io.webrtc import FRAME, RATE, audio_frame, interleaved_int16
+from audio_io.webrtc_audio import FRAME, RATE, audio_frame, interleaved_int16
 
 
 class Microphone(MediaStreamTrack):

@@ -45,15 +45,16 @@ from typing import Any
 from aiohttp import web
 
 from audio_io.frame import AudioFrame, Int16Array
-from audio_io.webrtc import RATE, OfferError, WebRtcPeer, ice_ufrag
+from audio_io.webrtc import OfferError, WebRtcPeer, ice_ufrag
+from audio_io.webrtc_audio import RATE
 from duplex import events as ev
 from duplex.config import Config
 from duplex.events import Event, SessionError
+from duplex.port import SessionPort
 from duplex.session_config import SessionConfig
 from duplex.sessions import Sessions
 from duplex.transports.link import Link
 from duplex.transports.output import Cursor, OutputStage
-from duplex.port import SessionPort
 from duplex.transports.realtime_config import RealtimeSessionConfig
 from duplex.transports.realtime_events import RealtimeItems, RealtimeWire
 
