@@ -46,7 +46,7 @@ from duplex.session_config import SessionConfig, check_system_prompt
 from duplex.state import State, StateMachine
 from duplex.port import SessionPort, Sink, Voice
 from duplex.turn import Interruption, TurnTimes, word_times_ms
-from models.asr import AsrClosed
+from models.asr_types import AsrClosed
 from models.conversation import MAX_USER_CHARS, Conversation, TurnStats, check_user_text
 from models.listen import Listener, ListenEvent, ListenEventKind
 from models.llm import LlmError

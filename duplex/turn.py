@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from audio_io.pcm import RUNTIME_RATE
-from models.asr import AsrWord
+from models.asr_types import AsrWord
 
 
 @dataclass

@@ -17,7 +17,8 @@ import numpy as np
 import numpy.typing as npt
 
 from audio_io.pcm import RUNTIME_RATE
-from models.asr import AsrEngine, AsrResult
+from models.asr import AsrEngine
+from models.asr_types import AsrResult
 from models.vad import VadConfig, VadEngine, VadEventKind
 
 HISTORY = 2 * RUNTIME_RATE

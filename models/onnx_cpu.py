@@ -1,4 +1,5 @@
-"""onnxruntime sessions on the CPU, with their thread counts set (the VAD's, piper's)."""
+"""Thread counts on the CPU: onnxruntime sessions (the VAD's, piper's), and numpy's BLAS
+(the ASR's)."""
 
 from __future__ import annotations
 
@@ -19,3 +20,17 @@ def cpu_session(model: str | Path | bytes, threads: int = 1) -> onnxruntime.Infe
     options.inter_op_num_threads = 1
     source = model if isinstance(model, bytes) else str(model)
     return onnxruntime.InferenceSession(source, sess_options=options, providers=["CPUExecutionProvider"])
+
+
+def limit_blas_threads() -> None:
+    """One BLAS thread for numpy in this process.
+
+    faster-whisper computes log-mel features with numpy; OpenBLAS then kept a second
+    thread spinning after each call, and a pass took the same wall time for twice the
+    CPU time until OpenBLAS was held to one thread (docs/performance.md). Our numpy work
+    is small; model compute has its own thread settings (CTranslate2 ``cpu_threads``,
+    onnxruntime, vLLM's processes).
+    """
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=1, user_api="blas")

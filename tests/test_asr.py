@@ -242,7 +242,8 @@ async def test_closing_the_engine_fails_the_passes_it_will_not_finish_at_once():
     """A transcription of noise in progress and another queued behind it when the engine
     closes (server shutdown): both awaiting callers get an error at once, not after the
     passes (seconds of decoding noise on a slow machine)."""
-    from models.asr import AsrClosed, AsrEngine
+    from models.asr import AsrEngine
+    from models.asr_types import AsrClosed
     from models.bundled import BUNDLED
 
     engine = AsrEngine(BUNDLED["asr"].locate())
@@ -265,7 +266,7 @@ async def test_closing_the_engine_fails_the_passes_it_will_not_finish_at_once():
 async def test_passes_waiting_together_are_decoded_together_with_the_same_words(asr_engine, speech_set):
     """Finals of several streams waiting at once share the decoder's steps (one batch,
     `MAX_BATCH` at most), and each gets the words it would have got alone."""
-    from models.asr import MAX_BATCH
+    from models.asr_queue import MAX_BATCH
 
     utterances = list(speech_set)[:6]
     alone = [asr_engine.transcribe(u.audio) for u in utterances]
@@ -280,7 +281,7 @@ async def test_passes_waiting_together_are_decoded_together_with_the_same_words(
 def test_windows_with_different_prompts_decode_together_as_alone(asr_engine, speech_set):
     """Windows with and without previous text, or with a committed prefix, in one call:
     each gets the words it gets alone."""
-    from models.asr import _Window
+    from models.asr_types import Window as _Window
 
     tokens = asr_engine.tokenizer.encode(" Earlier words were said here.")
     audio = [u.audio.astype(np.float32) / 32768 for u in list(speech_set)[:4]]
@@ -300,7 +301,7 @@ async def test_a_partial_pass_running_at_the_end_of_speech_never_follows_the_fin
     """The final supersedes a partial pass still running when the utterance ends: its
     result must not arrive after the final (the session would send the caller's line
     again, as a transcript delta after the transcript was done)."""
-    from models.asr import AsrStream
+    from models.asr_stream import AsrStream
 
     audio = speech_set[0].audio
     asr = AsrStream(asr_engine, partial_interval=audio.size)
@@ -317,7 +318,7 @@ async def test_a_partial_pass_that_heard_past_the_last_word_serves_as_the_final(
     """At a pause, the partial pass in flight is the final when its audio goes `COVER`
     past the words: one pass instead of two, the same words as a final pass of its own.
     One that stops short of that does not serve."""
-    from models.asr import COVER, AsrStream
+    from models.asr_stream import COVER, AsrStream
 
     audio = np.concatenate([speech_set[0].audio, np.zeros(4000, np.int16)])
     voiced_until = speech_set[0].audio.size
@@ -346,7 +347,7 @@ async def test_no_partial_pass_starts_in_a_pause_and_one_due_starts_when_the_voi
     """In an announced pause the speculative final has the words: a partial pass due
     then would hear silence and take a core from the reply being prepared. It waits,
     and starts at the first audio after the voice resumes."""
-    from models.asr import AsrStream
+    from models.asr_stream import AsrStream
 
     audio = speech_set[0].audio
     asr = AsrStream(asr_engine, partial_interval=8000)
@@ -401,7 +402,8 @@ async def test_a_final_runs_between_the_steps_of_a_partial_pass(asr_engine, spee
     """A final queued while a long partial pass decodes runs at the partial's next step
     and is delivered first; both get the words they get alone. A partial that a pause
     took as its final (`AsrStream.pause`) is that final, and lets none run ahead."""
-    from models.asr import _Job, _Window
+    from models.asr_queue import Job as _Job
+    from models.asr_types import Window as _Window
 
     long = long_audio(speech_set)
     short = speech_set[6].audio
@@ -424,7 +426,7 @@ async def test_a_pass_cancelled_while_it_runs_stops_at_its_next_step(asr_engine,
     """A partial pass whose stream no longer wants it (its final superseded it) stops
     between two decoding steps instead of decoding on for nobody: its future is
     cancelled (delivered, it would have a result), and nothing is logged."""
-    from models.asr import _Job
+    from models.asr_queue import Job as _Job
 
     partial = _Job(long_audio(speech_set), 0, [], False, asyncio.get_running_loop())
     await begun(asr_engine, partial)

@@ -16,7 +16,7 @@ from duplex.session import Session
 from duplex.session_config import SessionConfig
 from duplex.state import State
 from duplex.turn_policy import QUICK_PAUSE_CONFIRM_S, is_backchannel
-from models.asr import AsrStream
+from models.asr_stream import AsrStream
 from models.kv_stream import KvStream
 from models.listen import Listener
 from tests.conftest import speech

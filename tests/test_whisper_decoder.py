@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from models.asr import SAMPLE_RATE
+from models.asr_types import SAMPLE_RATE
 
 
 @pytest.fixture(scope="module")
