@@ -35,7 +35,9 @@ from duplex.config import Config
 from duplex.events import Event
 from duplex.metrics import LoopLag
 from duplex.sessions import Sessions
-from duplex.transports.sip import ACK_TIMEOUT_S, BAD_SIP, RTP_DROPPED, RtpWire, SipCall, SipListener
+from duplex.transports.sip import ACK_TIMEOUT_S, BAD_SIP, SipListener
+from duplex.transports.sip_call import SipCall
+from duplex.transports.sip_media import RTP_DROPPED, RtpWire
 from tests.conftest import speech
 
 QUESTION = "What is the largest ocean on Earth?"

@@ -32,7 +32,7 @@ from duplex.transports.link import Link
 from duplex.transports.output import OutputStage
 from duplex.transports.realtime import RealtimeConnection, RealtimeWire
 from duplex.transports.realtime_config import RealtimeSessionConfig
-from duplex.transports.sip import RtpWire
+from duplex.transports.sip_media import RtpWire
 from duplex.transports.twilio import MAX_QUEUED_MEDIA, TwilioWire
 from duplex.transports.webrtc import PeerWire
 

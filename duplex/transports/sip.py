@@ -1,12 +1,12 @@
 """The SIP/RTP listener (``--sip-port``): phone calls from a SIP phone, PBX or trunk,
-one session each.
+one session each. Here the signalling: the dialogs, from the INVITE to the BYE. A
+call's media (RTP both ways, G.711 to and from the session) is
+`duplex.transports.sip_media`; the state both keep of a call, `duplex.transports.sip_call`.
 
     datagram ─► allow-list (before a byte is read) ─► parse
     INVITE (SDP offer) ─► digest auth ─► room for one more unconfirmed call ─► 100
         ─► codec (PCMU/PCMA, DTMF) ─► RTP socket + Session ─► 200 (SDP answer), resent until the ACK
     ACK (or the caller's first RTP) ─► our RTP starts
-    RTP in ─► the caller's source (latched), its payload type ─► JitterBuffer ─► G.711 ─► session
-    session audio ─► 8 kHz G.711 ─► RtpSender (a packet every 20 ms: reply or silence)
     BYE either way, CANCEL before the ACK, no ACK in time, the session's own end (idle
     timeout, shutdown) ─► the call and the session end together
 
@@ -33,12 +33,8 @@ makes us send its victim (a few 200s and a BYE per call, two calls at a time); i
 bounds state, not availability: a flood from many addresses can keep the unconfirmed
 calls full, and digest auth (``sip_username``) is what keeps strangers out.
 
-Media goes to the caller's own address (where its SIP came from), never to another host
-its SDP names unless that host is on the allow-list: otherwise one INVITE would aim 50
-packets a second at a third party. A host name in the SDP is refused (400): it would be
-looked up on the event loop for every packet. RTP is latched to the caller's actual
-source (symmetric RTP: a caller behind NAT sends from another port than its SDP says);
-RTP from any other source, or with a payload type not negotiated, is counted and dropped.
+A host name in the SDP is refused (400): it would be looked up on the event loop for
+every packet.
 """
 
 from __future__ import annotations
@@ -47,42 +43,41 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
-import re
 import socket
-import time
-from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from collections.abc import Coroutine
 from typing import Any
 
-import numpy as np
 from prometheus_client import Counter
 
 from audio_io import sip
-from audio_io.frame import AudioFrame, Int16Array
-from audio_io.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
-from audio_io.outbox import Outbox
-from audio_io.rtp import PCMU, Concealer, DtmfReceiver, JitterBuffer, RtpError, RtpPacket
+from audio_io.rtp import PCMU
 from duplex.config import Config
-from duplex.events import Event, SessionError
+from duplex.events import SessionError
+from duplex.port import SessionPort
 from duplex.session_config import SessionConfig
 from duplex.sessions import Sessions
 from duplex.transports.link import Link
-from duplex.transports.output import Cursor, OutputStage
-from duplex.port import SessionPort
+from duplex.transports.output import OutputStage
+from duplex.transports.sip_call import (
+    ALLOW,
+    Answering,
+    Datagrams,
+    SipCall,
+    answer_sdp,
+    bye_request,
+    ok_headers,
+)
+from duplex.transports.sip_media import RATE, RtpWire, close_rtp, heard_from, media_host, open_rtp, send_rtp
 
 log = logging.getLogger("duplex.sip")
 
-RATE = 8000
-FRAME = 160  # 20 ms
 T1, T2, ACK_TIMEOUT_S = 0.5, 4.0, 64 * 0.5  # RFC 3261 timers: 200 OK resent until the ACK
 # Calls being answered or answered and not yet ACKed, in all and from one address: an
 # honest caller ACKs within a round trip, so few are ever waiting; a flood that never
 # ACKs holds no more than this many sessions and sockets for ACK_TIMEOUT_S.
 MAX_UNACKED, MAX_UNACKED_PER_SOURCE = 8, 2
-ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS"
 
 BAD_SIP = Counter("duplex_sip_bad_messages_total", "SIP datagrams refused or dropped", ["reason"])
-RTP_DROPPED = Counter("duplex_sip_rtp_dropped_total", "RTP packets dropped", ["reason"])
 
 
 def parse_networks(spec: str | None) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
@@ -99,89 +94,6 @@ def _route_address(peer: str) -> str:
 def _log_failure(task: asyncio.Task[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.error("sip: %s failed", task.get_name(), exc_info=task.exception())
-
-
-class _Datagrams(asyncio.DatagramProtocol):
-    def __init__(self, receive: Callable[[bytes, tuple[str, int]], None]) -> None:
-        self.receive = receive
-        self.transport: asyncio.DatagramTransport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
-        self.receive(data, addr)
-
-    def error_received(self, exc: Exception) -> None:
-        log.debug("sip: socket error %s", exc)  # e.g. ICMP port unreachable from a gone peer
-
-
-class RtpWire:
-    """A call's output: reply audio as 20 ms G.711 payloads, sent on the call's RTP
-    clock (`SipListener._send_rtp`); events have no place on the wire."""
-
-    transport = "sip"
-    rate = RATE
-
-    def __init__(self, codec: int) -> None:
-        self.encode = ulaw_encode if codec == PCMU else alaw_encode
-
-    def frame(self, samples: Int16Array, cursor: Cursor) -> list[bytes]:
-        return [self.encode(samples).tobytes()]
-
-    def event(self, event: Event) -> list[bytes]:
-        return []
-
-    def end_reply(self, cursor: Cursor, completed: bool) -> list[bytes]:
-        return []
-
-    def flushed(self) -> list[bytes]:
-        return []
-
-
-@dataclass(eq=False)
-class SipCall:
-    call_id: str
-    invite: sip.SipMessage
-    signaling: tuple[str, int]  # where the caller's SIP comes from (responses and our BYE go there)
-    to_tag: str
-    offer: sip.Offer
-    codec: int
-    local_address: str
-    rtp: _Datagrams | None = None
-    session: SessionPort | None = None
-    stage: OutputStage[bytes] | None = None
-    link: Link | None = None
-    final: bytes = b""  # the final response to the INVITE, for retransmissions
-    acked: asyncio.Event = field(default_factory=asyncio.Event)
-    media_ready: asyncio.Event = field(default_factory=asyncio.Event)  # ACK or the caller's RTP: ours may go
-    ended: bool = False
-    hang_up: bool = True  # we end the call (BYE); False once the caller has (BYE, CANCEL)
-    media: tuple[str, int] = ("", 0)  # where our RTP goes and theirs must come from (`_heard_from`)
-    latched: bool = False  # RTP has come from ``media``: it is the caller's actual source
-    jitter: JitterBuffer = field(default_factory=JitterBuffer)
-    concealer: Concealer = field(default_factory=Concealer)
-    dtmf: DtmfReceiver = field(default_factory=DtmfReceiver)
-    cseq: int = 1  # our requests in this dialog
-
-    @property
-    def rtp_port(self) -> int:
-        assert self.rtp is not None and self.rtp.transport is not None
-        return int(self.rtp.transport.get_extra_info("sockname")[1])
-
-    def decode(self, payload: bytes) -> Int16Array:
-        return ulaw_decode(payload) if self.codec == PCMU else alaw_decode(payload)
-
-
-@dataclass(eq=False)
-class _Answering:
-    """An INVITE whose session is being opened: what a CANCEL or the INVITE again must
-    match, and a place among the unconfirmed calls."""
-
-    invite: sip.SipMessage
-    signaling: tuple[str, int]
-    task: asyncio.Task[None]
-    to_tag: str = ""  # none given yet: only the INVITE's own transaction matches
 
 
 class SipListener:
@@ -210,9 +122,9 @@ class SipListener:
             else None
         )
         self.calls: dict[str, SipCall] = {}  # by Call-ID
-        self._pending: dict[str, _Answering] = {}  # INVITEs being answered, by Call-ID
+        self._pending: dict[str, Answering] = {}  # INVITEs being answered, by Call-ID
         self._tasks: set[asyncio.Task[None]] = set()
-        self._endpoint: _Datagrams | None = None
+        self._endpoint: Datagrams | None = None
 
     @property
     def port(self) -> int:
@@ -220,7 +132,7 @@ class SipListener:
         return int(self._endpoint.transport.get_extra_info("sockname")[1])
 
     async def start(self) -> None:
-        endpoint = self._endpoint = _Datagrams(self._datagram)
+        endpoint = self._endpoint = Datagrams(self._datagram)
         await asyncio.get_running_loop().create_datagram_endpoint(
             lambda: endpoint, local_addr=(self.config.host, self.config.sip_port or 0)
         )
@@ -256,6 +168,13 @@ class SipListener:
             return False
         return any(address in network for network in self.allow)
 
+    def _media_host(self, offered: str, caller: str) -> str:
+        """Where a call's media goes (`sip_media.media_host`): an address in its SDP only
+        if that is the caller's own or on the allow-list."""
+        return media_host(offered, caller, lambda host: bool(self.allow) and self._allowed(host))
+
+    _heard_from = staticmethod(heard_from)  # where tests/test_sip.py reaches `sip_media.heard_from`
+
     def _datagram(self, data: bytes, addr: tuple[str, int]) -> None:
         if not self._allowed(addr[0]):
             BAD_SIP.labels("forbidden").inc()
@@ -289,11 +208,11 @@ class SipListener:
     def _options(self, request: sip.SipMessage, addr: tuple[str, int]) -> None:
         self._reply(request, addr, 200, sip.new_tag(), [("allow", ALLOW), ("accept", "application/sdp")])
 
-    def _dialog(self, request: sip.SipMessage, addr: tuple[str, int]) -> SipCall | _Answering | None:
+    def _dialog(self, request: sip.SipMessage, addr: tuple[str, int]) -> SipCall | Answering | None:
         """The call (or INVITE being answered) with this request's Call-ID, if the request
         is of its dialog and comes from where its INVITE came from; None otherwise (and,
         when the Call-ID alone matched, counted)."""
-        known: SipCall | _Answering | None = self.calls.get(request.call_id)
+        known: SipCall | Answering | None = self.calls.get(request.call_id)
         if known is None:  # a call wins: its answering task may not have popped itself yet
             known = self._pending.get(request.call_id)
         if known is None:
@@ -321,7 +240,7 @@ class SipListener:
                 if known.final:
                     self._endpoint.transport.sendto(known.final, addr)  # type: ignore[union-attr]
             elif isinstance(known, SipCall):  # a re-INVITE (refresh, hold): the same media, still here
-                self._reply(request, addr, 200, known.to_tag, self._contact(known), self._answer_sdp(known))
+                self._reply(request, addr, 200, known.to_tag, ok_headers(known, self.port), answer_sdp(known))
             return  # (being answered: the 100 already went)
         if self.auth is not None and not self.auth.check(request):
             BAD_SIP.labels("unauthorized").inc()
@@ -335,23 +254,9 @@ class SipListener:
         self._reply(request, addr, 100)
         call_id = request.call_id
         task = asyncio.create_task(self._answer(request, addr), name=f"sip-invite-{call_id[:16]}")
-        self._pending[call_id] = _Answering(request, addr, task)
+        self._pending[call_id] = Answering(request, addr, task)
         task.add_done_callback(lambda _: self._pending.pop(call_id, None))
         task.add_done_callback(_log_failure)
-
-    def _contact(self, call: SipCall) -> list[tuple[str, str]]:
-        """Headers of a 200 OK with our SDP."""
-        return [
-            ("contact", f"<sip:duplex@{call.local_address}:{self.port}>"),
-            ("allow", ALLOW),
-            ("content-type", "application/sdp"),
-        ]
-
-    @staticmethod
-    def _answer_sdp(call: SipCall) -> bytes:
-        return sip.answer_sdp(
-            call.local_address, call.rtp_port, call.codec, call.offer.telephone_event, id(call) % 10**9
-        )
 
     async def _answer(self, request: sip.SipMessage, addr: tuple[str, int]) -> None:
         to_tag = sip.new_tag()
@@ -382,37 +287,30 @@ class SipListener:
         try:
             session = await self._open(call)
         except SessionError as e:
-            await self._close_media(call)
+            close_rtp(call)
             self._reply(request, addr, 503 if e.code == "not_ready" else 486, to_tag)
             return
         except BaseException:  # cancelled (CANCEL, shutdown) or a bug: nothing stays open
-            await self._close_media(call)
+            close_rtp(call)
             raise
         self.calls[call.call_id] = call
-        call.final = self._reply(request, addr, 200, to_tag, self._contact(call), self._answer_sdp(call))
+        call.final = self._reply(request, addr, 200, to_tag, ok_headers(call, self.port), answer_sdp(call))
         assert call.stage is not None
         link = call.link = Link(
             session, lambda: self.sessions.close(session), lambda: self._hang_up(call), call.stage.close
         )
         link.own(self._resend_until_ack(call), "sip-ack")
-        link.own(self._send_rtp(call, call.stage.outbox), "sip-rtp")
+        link.own(send_rtp(call, call.stage.outbox), "sip-rtp")
         codec = "PCMU" if call.codec == PCMU else "PCMA"
         log.info("sip call %s from %s: session %s, %s", call.call_id, addr[0], session.id, codec)
 
     async def _open(self, call: SipCall) -> SessionPort:
         """The call's RTP socket (on the listener's address, any port) and session."""
-        rtp = call.rtp = _Datagrams(lambda data, addr: self._rtp(call, data, addr))
-        await asyncio.get_running_loop().create_datagram_endpoint(
-            lambda: rtp, local_addr=(self.config.host, 0)
-        )
+        await open_rtp(call, self.config.host)
         call.stage = OutputStage(RtpWire(call.codec))
         call.session = await self.sessions.open(call.stage, SessionConfig(input_rate=RATE))
         self.sessions.name(call.session, call.call_id)  # for a Realtime client joining it (?call_id=)
         return call.session
-
-    async def _close_media(self, call: SipCall) -> None:
-        if call.rtp is not None and call.rtp.transport is not None:
-            call.rtp.transport.close()
 
     def _ack(self, request: sip.SipMessage, addr: tuple[str, int]) -> None:
         call = self._dialog(request, addr)
@@ -434,7 +332,7 @@ class SipListener:
             self._reply(request, addr, 481)
             return
         self._reply(request, addr, 200)  # the CANCEL; the INVITE gets 487 (if not ACKed yet)
-        if isinstance(known, _Answering):
+        if isinstance(known, Answering):
             known.task.cancel()
             invite = request  # same Call-ID, CSeq number and Via branch as the INVITE
             self._reply(sip.SipMessage(method="INVITE", uri=invite.uri, headers=[
@@ -481,110 +379,7 @@ class SipListener:
         call.ended = True
         self.calls.pop(call.call_id, None)
         if call.hang_up:
-            self._send(self._bye_request(call), call.signaling)
-        await self._close_media(call)
+            self._send(bye_request(call, self.port), call.signaling)
+        close_rtp(call)
         who = "we hung up" if call.hang_up else "the caller hung up"
         log.info("sip call %s: ended (%s)", call.call_id, who)
-
-    def _bye_request(self, call: SipCall) -> sip.SipMessage:
-        invite = call.invite
-        contact = re.search(r"<([^>]+)>", invite.get("contact")) or re.search(
-            r"<([^>]+)>", invite.get("from")
-        )
-        uri = contact.group(1) if contact else invite.uri
-        call.cseq += 1
-        via = f"SIP/2.0/UDP {call.local_address}:{self.port};branch={sip.new_branch()};rport"
-        headers = [
-            ("via", via),
-            ("max-forwards", "70"),
-            (
-                "from",
-                f"{invite.get('to')};tag={call.to_tag}"
-                if "tag=" not in invite.get("to")
-                else invite.get("to"),
-            ),
-            ("to", invite.get("from")),
-            ("call-id", call.call_id),
-            ("cseq", f"{call.cseq} BYE"),
-        ]
-        return sip.SipMessage(method="BYE", uri=uri, headers=headers)
-
-    # -- media --
-
-    def _media_host(self, offered: str, caller: str) -> str:
-        """Where a call's media goes: the caller's own (signalling) address, whatever its
-        SDP says, unless the SDP names an address on the allow-list (a media gateway).
-        Never a third party the caller names: 50 packets a second of our audio would go
-        there, a reflection amplifier."""
-        if offered == caller or (self.allow and self._allowed(offered)):
-            return offered
-        log.info("sip: the SDP names %s, the call's media goes to its caller %s", offered, caller)
-        return caller
-
-    @staticmethod
-    def _heard_from(call: SipCall, addr: tuple[str, int]) -> bool:
-        """Is this RTP the caller's? Symmetric RTP: the first packet from the caller's host
-        fixes the port (a caller behind NAT sends from another port than its SDP says),
-        and a packet from exactly the address in its SDP always wins it back."""
-        offered = (call.offer.address, call.offer.port)
-        if addr == call.media:
-            call.latched = True
-            return True
-        if addr[0] != call.media[0] or (call.latched and addr != offered):
-            return False
-        call.media, call.latched = addr, True
-        return True
-
-    def _rtp(self, call: SipCall, data: bytes, addr: tuple[str, int]) -> None:
-        session = call.session
-        if session is None or call.ended:
-            return
-        if not self._heard_from(call, addr):
-            RTP_DROPPED.labels("unknown_source").inc()
-            return
-        try:
-            packet = RtpPacket.parse(data)
-        except RtpError:
-            RTP_DROPPED.labels("malformed").inc()
-            return
-        call.media_ready.set()  # the caller is there, at the address we will send to
-        if packet.payload_type == call.codec:
-            for out in call.jitter.push(packet):
-                if out.payload:
-                    samples = call.concealer.good(call.decode(out.payload))
-                else:
-                    samples = call.concealer.conceal(out.concealed)
-                session.push_audio(AudioFrame(samples, RATE))
-        elif packet.payload_type == call.offer.telephone_event:
-            try:
-                digit = call.dtmf.push(packet)
-            except RtpError:
-                RTP_DROPPED.labels("malformed").inc()
-                return
-            if digit is not None:
-                session.dtmf(digit)
-        else:
-            RTP_DROPPED.labels("payload_type").inc()
-
-    async def _send_rtp(self, call: SipCall, outbox: Outbox[bytes]) -> None:
-        """A packet every 20 ms on a drift-free clock: the reply's audio, or silence; from
-        the ACK or the caller's first RTP on (an INVITE alone, perhaps from a forged
-        address, starts no stream)."""
-        await call.media_ready.wait()
-        assert call.rtp is not None and call.rtp.transport is not None
-        transport = call.rtp.transport
-        silence = (ulaw_encode if call.codec == PCMU else alaw_encode)(np.zeros(FRAME, np.int16)).tobytes()
-        ssrc = int.from_bytes(np.random.default_rng().bytes(4), "big")
-        sequence, timestamp = int(np.random.default_rng().integers(65536)), 0
-        start, k, first = time.monotonic(), 0, True
-        while True:
-            payload = outbox.next_audio() or silence
-            packet = RtpPacket(call.codec, sequence, timestamp, ssrc, payload, marker=first)
-            transport.sendto(packet.build(), call.media)
-            first = False
-            sequence, timestamp = (sequence + 1) % 65536, (timestamp + FRAME) % (1 << 32)
-            k += 1
-            delay = start + k * 0.020 - time.monotonic()
-            if delay < -0.1:  # stalled: start the grid again rather than burst
-                start, k, delay = time.monotonic(), 0, 0.0
-            await asyncio.sleep(max(0.0, delay))
