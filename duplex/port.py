@@ -2,6 +2,7 @@
 
     transport ── SessionPort ──► Session        (audio, text, acks, cancel, config)
     transport ◄─────── Sink ──── Session        (audio frames, events, flush, end of reply)
+    other clients ◄── watch ──── Session        (its events: a Realtime client joined to a call)
 
 A transport adapter holds only its wire protocol: it drives the session through
 `SessionPort` and hands the session a `Sink` (in practice an `OutputStage` around its
@@ -13,6 +14,7 @@ models (a manual commit's transcription, new instructions) is a call here.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -26,6 +28,10 @@ class Voice:
 
     name: str
     sample_rate: int
+
+
+Watcher = Callable[[Event], None]  # told of a session's events besides its transport (`SessionPort.watch`)
+Unwatch = Callable[[], None]  # ... no more (idempotent)
 
 
 class Sink(Protocol):
@@ -94,3 +100,13 @@ class SessionPort(Protocol):
         ...
 
     def send_error(self, error: SessionError) -> None: ...
+
+    def watch(self, watcher: Watcher, limit: int) -> Unwatch | None:
+        """Tell ``watcher`` of every event the session sends its transport from now on,
+        until the call returned is made: another client following a session it did not
+        open (a Realtime client joined to a phone call), while the session's own
+        transport carries its audio. None, and not told, when ``limit`` watchers are told
+        already. A watcher runs in the session's tasks: it may not block, nor raise."""
+        # TEMPORARY (issue 46, item 3): a body, not `...`, until Session implements this
+        # (duplex/session_watch.py): mypy takes a protocol member without one as abstract.
+        return None

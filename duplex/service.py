@@ -46,7 +46,7 @@ from duplex.metrics import LoopLag, set_build_info
 from duplex.sessions import Sessions
 from duplex.startup import Startup, wants_progress
 from duplex.transports.grpc_server import GrpcListener
-from duplex.transports.realtime import RealtimeEndpoint
+from duplex.transports.realtime_route import RealtimeEndpoint
 from duplex.transports.sip import SipListener
 from duplex.transports.twilio import TwilioEndpoint
 from duplex.transports.webrtc import WebRtcEndpoint

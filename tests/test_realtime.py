@@ -42,8 +42,8 @@ from duplex.health import Readiness
 from duplex.http_app import build_http_app
 from duplex.metrics import LoopLag
 from duplex.sessions import Sessions
-from duplex.transports import realtime
-from duplex.transports.realtime import RealtimeEndpoint
+from duplex.transports import realtime_client as realtime
+from duplex.transports.realtime_route import RealtimeEndpoint
 from duplex.transports.twilio import TwilioEndpoint
 from tests.conftest import speech
 from tests.hostile import lag_tried

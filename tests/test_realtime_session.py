@@ -14,10 +14,12 @@ import pytest
 
 from duplex import events as ev
 from duplex.events import Event
-from duplex.transports import realtime
+from duplex.transports import realtime_client as realtime
 from duplex.transports.output import Cursor
-from duplex.transports.realtime import Pace, RealtimeConnection, RealtimeWire
+from duplex.transports.realtime_client import RealtimeConnection
 from duplex.transports.realtime_config import MAX_ECHO_DEPTH, RealtimeError, RealtimeSessionConfig
+from duplex.transports.realtime_events import RealtimeWire
+from duplex.transports.realtime_pace import Pace
 from duplex.transports.webrtc import PeerWire
 from tests.realtime_shapes import MODELS, ShapeError, check
 

@@ -9,7 +9,9 @@
 the connection, and the session must close all the same. Every task of the
 connection is handed to the link (`own`), so none outlives it. `watch_reader` ends a
 link whose client stops reading (its outbox stalls), so that it holds neither a
-session nor memory for long.
+session nor memory for long. A connection may also follow a session it did not open (a
+Realtime client joined to a call): its link leaves the session open when it closes, and
+its reader watch does not tell the session (`watch_reader`'s ``tell_session``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from audio_io.outbox import Outbox
 from duplex.events import SessionError
-from duplex.transports.output import OutputStage
 from duplex.port import SessionPort
 
 log = logging.getLogger("duplex.transports")
@@ -71,19 +72,22 @@ class Link:
         self._tasks.append(task)
         return task
 
-    def watch_reader(self, backlog: Backlog, timeout_s: float) -> None:
-        """Close the link, with a ``slow_reader`` error, once ``backlog`` has waited
-        ``timeout_s`` with nothing taken, or dropped what it could not hold: a client
-        that stopped reading. Checked about 4 times per ``timeout_s``."""
-        self.own(self._watch_reader(backlog, timeout_s), "reader-watch")
+    def watch_reader(self, backlog: Backlog, timeout_s: float, tell_session: bool = True) -> None:
+        """Close the link once ``backlog`` has waited ``timeout_s`` with nothing taken,
+        or dropped what it could not hold: a client that stopped reading. The session
+        gets a ``slow_reader`` error for its client, unless ``tell_session`` is False:
+        the session is not this client's (a Realtime client joined to a call), and its
+        own transport has nothing to hear of it. Checked about 4 times per ``timeout_s``."""
+        self.own(self._watch_reader(backlog, timeout_s, tell_session), "reader-watch")
 
-    async def _watch_reader(self, backlog: Backlog, timeout_s: float) -> None:
+    async def _watch_reader(self, backlog: Backlog, timeout_s: float, tell_session: bool) -> None:
         while backlog.stalled_s() <= timeout_s and not backlog.overflowed:  # noqa: ASYNC110 (polled: time passing is the event)
             await asyncio.sleep(min(1.0, timeout_s / 4))
         why = "its backlog overflowed" if backlog.overflowed else f"it read nothing for {timeout_s:g} s"
         log.info("%s: the client is not reading (%s); closed", self.session.id, why)
         self.stalled = True
-        self.session.send_error(SessionError("slow_reader", f"the client is not reading: {why}"))
+        if tell_session:
+            self.session.send_error(SessionError("slow_reader", f"the client is not reading: {why}"))
         await self.close()
 
     async def close(self) -> None:
@@ -114,32 +118,30 @@ class Link:
             log.error("%s failed", task.get_name(), exc_info=task.exception())
 
 
-class _Sessions(Protocol):
-    async def close(self, session: SessionPort) -> None: ...
-
-
 def websocket_link(
-    sessions: _Sessions,
     session: SessionPort,
-    stage: OutputStage[Any],
+    close_session: Callable[[], Awaitable[None]],
+    on_close: Callable[[], None],
     ws: web.WebSocketResponse,
     transport: asyncio.Transport | None,
+    ended: bytes = b"session ended",
 ) -> Link:
-    """The link of a session on a WebSocket (the Realtime API).
+    """The link of a session on a WebSocket (the Realtime API); `Link` says what
+    ``close_session`` and ``on_close`` are for.
 
-    Its close always ends soon and never reads: the close frame goes out (1001 when the
-    session ended first, else `Link.close_with` or 1000), waiting at most
-    `CLOSE_TIMEOUT_S` for the client to take it (not at all for a client found not
-    reading), then the socket is aborted. aiohttp's own close would read on until the
-    client's close frame: a client that reads nothing would hold it, and the socket,
-    forever, and a fast client's backlog is drained without yielding (0.4-0.5 s of the
-    loop, measured)."""
+    Its close always ends soon and never reads: the close frame goes out (1001 with the
+    reason ``ended`` when the session ended first, else `Link.close_with` or 1000),
+    waiting at most `CLOSE_TIMEOUT_S` for the client to take it (not at all for a
+    client found not reading), then the socket is aborted. aiohttp's own close would
+    read on until the client's close frame: a client that reads nothing would hold it,
+    and the socket, forever, and a fast client's backlog would be drained without
+    yielding to the loop."""
 
     async def close_socket() -> None:
         if not link.stalled and not ws.closed:
             code, reason = link.close_with or (WSCloseCode.OK, b"")
             if link.ended_by_session:
-                code, reason = WSCloseCode.GOING_AWAY, b"session ended"
+                code, reason = WSCloseCode.GOING_AWAY, ended
             try:
                 async with asyncio.timeout(CLOSE_TIMEOUT_S):
                     await ws.send_frame(int(code).to_bytes(2, "big") + reason, WSMsgType.CLOSE)
@@ -150,7 +152,7 @@ def websocket_link(
         if transport is not None:
             transport.abort()
 
-    link = Link(session, lambda: sessions.close(session), close_socket, stage.close)
+    link = Link(session, close_session, close_socket, on_close)
     return link
 
 
@@ -160,9 +162,8 @@ T = TypeVar("T")
 async def send_all(outbox: Outbox[T], send: Callable[[T], Awaitable[None]]) -> None:
     """A writer task: the outbox's messages to the connection, in order, as they come.
 
-    It yields to the loop every `SLICE_S` (a backlog of reply audio, each message
-    compressed as it goes, would otherwise go out in one step: 88 ms of the loop,
-    measured on the Realtime API). A client that vanishes while it is sent to is a
+    It yields to the loop every `SLICE_S`: a backlog of reply audio, each message
+    compressed as it goes, would otherwise go out in one step. A client that vanishes while it is sent to is a
     normal end: its reader sees the connection end too, and the link closes."""
     slice_end = time.monotonic() + SLICE_S
     with contextlib.suppress(ConnectionError):

@@ -1,530 +1,59 @@
-"""``WS /v1/realtime``: the OpenAI Realtime API (GA event protocol) over one session, so a
-client written for it can talk to this server (base URL on our host, any key unless
-``auth_token`` is set).
+"""``WS /v1/realtime`` without ``call_id``: a Realtime client with a session of its own.
 
-    client events ─► paced (`Pace`) ─► checked (`RealtimeError` ─► ``error``, the socket stays open)
-        input_audio_buffer.append ─► decode (pcm 24 kHz / pcmu / pcma) ─► Session
-        conversation.item.create (text), commit ─► Session.add_turn; response.create ─► Session.respond
-        conversation.item.truncate ─► Session.truncate (clamped to what was sent)
-        conversation.item.retrieve ─► the item, as this connection has told it
-        conversation.item.delete ─► Session.forget (its words leave the history and the KV)
-        response.cancel ─► Session.cancel
-    session events ─► `RealtimeWire` ─► GA server events (items, parts, deltas, done)
-    ?call_id=<a call> ─► `realtime_join`: a client joins a phone call's session (key presses)
+    socket ─► `serve`: the session opened (or refused: ``error``, close 1013)
+           ─► ``session.created`` ─► `read` the client's events until either side ends
+    session's output ─► OutputStage ─► `RealtimeWire` ─► the connection's outbox ─► socket
 
-The runtime's events already carry the Realtime names; duplex/transports/realtime_events.py
-adds what the protocol wraps around them: item and response objects, content parts,
-base64 audio in the session's output format. Items this connection does not know
-(never seen, or older than the `MAX_ITEMS` it remembers) are an ``invalid_request_error``,
-``item_retrieve_invalid_item_id`` / ``item_delete_invalid_item_id``, param ``item_id``.
-
-What one client may cost, and what it is told past that (every other session goes on):
-
-- A frame over ``max_message_bytes`` (1 MiB by default: 16 s of 24 kHz PCM in one
-  append) is refused by the WebSocket itself from its header, before any of it is
-  buffered: close 1009. Longer recordings go in several appends, or the operator raises
-  ``max_message_bytes``; an event longer than the protocol's 15 MB append needs is then
-  refused from its length alone, before JSON decoding (``audio_too_large`` for an
-  append, else ``event_too_large``). aiohttp unmasks and decodes a frame in one go, ~1-2
-  ms of the loop per MiB here: the limit bounds that too. An append over ~1 s of audio
-  is decoded and resampled off the event loop. Text that is not UTF-8: close 1007.
-- Events are read at most `EVENT_RATE` a second (each 16 KiB of an event counts as one
-  more), `EVENT_BURST` at once: a client streaming 20 ms appends sends 50. Faster, the
-  reader waits (TCP holds the rest: nothing is lost, nothing piles up here); a client
-  still over the rate after `PATIENCE_S` of waiting is closed with 1008
-  ``rate_limited``. The reader yields to the loop every `SLICE_S` even when its
-  messages are already buffered.
-- Bounded state: `MAX_ITEMS` conversation items and responses are remembered (older
-  ones can no longer be truncated); user input waiting for ``response.create`` is at
-  most `MAX_UNANSWERED` messages (``unanswered_input_limit``), and their text at most
-  what one reply takes (the session's own bound, ``too_much_input``); one reply at a
-  time (``response.create`` during a reply cuts it as heard); manual-turn audio until
-  commit, `MAX_BUFFER_S`
-  (``input_audio_buffer_full``); events queued for the client, `MAX_QUEUED`.
-- A client that reads nothing for ``slow_reader_timeout_s`` (its socket's buffers full)
-  is closed, its socket aborted: a close frame would wait behind all it did not read.
-- Bad JSON (truncated, not an object, nested past Python's recursion limit):
-  ``invalid_json`` / ``invalid_event``; a binary frame: ``invalid_event``.
+The socket and the session are tied by a `Link` (duplex/transports/link.py): the
+socket's end closes the session, the session's end (idle timeout, shutdown) closes the
+socket with 1001. A client that reads nothing for ``slow_reader_timeout_s`` (its
+socket's buffers full) is closed, its socket aborted: a close frame would wait behind
+all it did not read. The client's events are `RealtimeConnection`'s
+(realtime_client.py); a client joining a session it did not open is realtime_join.py's.
 """
 
 from __future__ import annotations
 
-import asyncio
-import base64
-import binascii
-import itertools
 import json
-import logging
-import re
-import time
-from typing import Any
 
-import numpy as np
-from aiohttp import WSCloseCode, WSMsgType, web
-from prometheus_client import Counter
+from aiohttp import WSCloseCode, web
 
-from audio_io.frame import AudioFrame, Int16Array
-from audio_io.g711 import decode_wire
-from audio_io.resample import Resampler
 from duplex.config import Config
 from duplex.events import SessionError
 from duplex.session_config import MAX_SYSTEM_PROMPT, SessionConfig
 from duplex.sessions import Sessions
-from duplex.transports.link import CLOSE_TIMEOUT_S, SLICE_S, Link, send_all, websocket_link
+from duplex.transports.link import send_all, websocket_link
 from duplex.transports.output import OutputStage
-from duplex.port import SessionPort
-from duplex.transports.realtime_config import FORMATS, RealtimeError, RealtimeSessionConfig, shown
-from duplex.transports.realtime_events import (  # noqa: F401 (MAX_ITEMS, MAX_QUEUED: the bounds named here)
-    LAWS,
-    MAX_ITEMS,
-    MAX_QUEUED,
-    RealtimeItems,
-    RealtimeWire,
-    user_message,
-)
-
-log = logging.getLogger("duplex.realtime")
-
-PATH = "/v1/realtime"
-MAX_APPEND_BYTES = 15 * 1024 * 1024  # the protocol's bound on one append's audio
-MAX_APPEND_CHARS = 4 * -(-MAX_APPEND_BYTES // 3)  # ... as base64
-MAX_EVENT_CHARS = MAX_APPEND_CHARS + 1024  # ... in its event (type, event_id): no valid event is longer
-THREAD_APPEND_CHARS = 64 * 1024  # an append longer (~1 s of audio) decodes off the loop: ~20 ms per MiB
-RUNTIME_INPUT_RATE = 16000
-MAX_BUFFER_S = 300  # manual turns: input audio held until commit
-MAX_UNANSWERED = 16  # user messages waiting for response.create (their text: `Session.add_turn`)
-MAX_ITEM_ID = 64  # characters of a client's item id
-EVENT_RATE = 2000.0  # client events a second, sustained: 40x a client streaming 20 ms appends
-EVENT_BURST = 2000.0  # ... at once (40 s of 20 ms appends, sent after a network stall)
-EVENT_BYTES = 16 * 1024  # each 16 KiB of an event counts as one more event
-# a client over the rate this long is closed (7 min of audio uploaded in 20 ms appends is not)
-PATIENCE_S = 10.0
-
-EVENTS = Counter("duplex_realtime_events_total", "client events read on /v1/realtime")
-RATE_LIMITED = Counter("duplex_realtime_rate_limited_total", "Realtime clients closed for sending too fast")
-# an oversized event's type, read without decoding it: clients (the openai SDK) write it first
-_TYPE_AT_START = re.compile(r'\s*\{\s*"type"\s*:\s*"([\w.]{1,64})"')
+from duplex.transports.realtime_audio import RUNTIME_INPUT_RATE
+from duplex.transports.realtime_client import RealtimeConnection, read
+from duplex.transports.realtime_config import RealtimeError, RealtimeSessionConfig
+from duplex.transports.realtime_events import RealtimeWire
 
 
-def _decode(audio: bytes, kind: str) -> Int16Array:
+async def serve(
+    request: web.Request, ws: web.WebSocketResponse, config: Config, sessions: Sessions
+) -> web.WebSocketResponse:
+    """Serve one client, on an upgraded socket, with a new session until either ends."""
     try:
-        return decode_wire(audio, LAWS[kind])
-    except ValueError:
-        raise RealtimeError("PCM16 audio must be whole 16-bit samples.", param="audio") from None
-
-
-def _parse(raw: str) -> dict[str, Any]:
-    """A client event, refused before decoding when no valid event is that long."""
-    if len(raw) > MAX_EVENT_CHARS:
-        head = _TYPE_AT_START.match(raw[:200])
-        if head is not None and head.group(1) == "input_audio_buffer.append":
-            raise RealtimeError(f"'audio' is over {MAX_APPEND_BYTES} bytes.", "audio_too_large", "audio")
-        raise RealtimeError(f"The event is over {MAX_EVENT_CHARS} characters.", "event_too_large")
-    try:
-        message = json.loads(raw)
-    except ValueError:
-        raise RealtimeError("The event is not valid JSON.", "invalid_json") from None
-    except RecursionError:  # arrays or objects nested about 1000 deep
-        raise RealtimeError("The event's JSON is nested too deeply.", "invalid_json") from None
-    if not isinstance(message, dict):
-        raise RealtimeError("An event is a JSON object.", "invalid_event")
-    return message
-
-
-class Pace:
-    """A token bucket for one client's events: how long its reader waits before the
-    next one. ``rate`` tokens a second, at most ``burst`` saved; an event costs its
-    tokens (the bucket may go below zero, and that debt is the wait). `over_s` says how
-    long the client has been over the rate: since an event first had to wait, unless
-    the bucket refilled to half in between (not merely by a reader that overslept)."""
-
-    def __init__(self, rate: float, burst: float, now: float) -> None:
-        self.rate, self.burst = rate, burst
-        self.tokens = burst
-        self.at = now
-        self.over_since: float | None = None
-
-    def wait_s(self, cost: float, now: float) -> float:
-        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate) - cost
-        self.at = now
-        if self.tokens >= self.burst / 2:
-            self.over_since = None
-        if self.tokens >= 0:
-            return 0.0
-        if self.over_since is None:
-            self.over_since = now
-        return -self.tokens / self.rate
-
-    def over_s(self, now: float) -> float:
-        return 0.0 if self.over_since is None else now - self.over_since
-
-
-class RealtimeConnection(RealtimeItems):
-    """One WebSocket: its session settings, its items, and the client's events."""
-
-    def __init__(self, ws: web.WebSocketResponse, config: RealtimeSessionConfig) -> None:
-        super().__init__(config)
-        self.ws = ws
-        self.session: SessionPort | None = None
-        self.joined = False  # a client joined to a call (`realtime_join`): its audio is the call's
-        self._resampler = Resampler(24000, RUNTIME_INPUT_RATE)
-        self._buffer: list[Int16Array] = []  # manual turns: audio appended since the last commit
-        self._buffered = 0
-        # user input given to the session since the last response.create (an upper bound:
-        # a turn the session answered by itself is still counted until then)
-        self._unanswered = 0
-        self._text_items = itertools.count()
-
-    # -- client events --
-
-    async def handle(self, raw: str) -> None:
-        event_id: str | None = None
-        try:
-            message = _parse(raw)
-            event_id = message.get("event_id") if isinstance(message.get("event_id"), str) else None
-            kind = message.get("type")
-            handler = HANDLERS.get(kind) if isinstance(kind, str) else None
-            if handler is None:
-                raise RealtimeError(
-                    f"Invalid value: {shown(kind)}. Unknown event type.", "invalid_value", "type"
-                )
-            if self.joined and str(kind).startswith("input_audio_buffer."):
-                raise RealtimeError("The call's audio comes from its phone line.", "not_supported", "type")
-            await handler(self, message)
-        except RealtimeError as e:
-            self.error(e, event_id)
-        except SessionError as e:
-            self.error(RealtimeError(str(e), e.code), event_id)
-        except Exception:  # a bug: this client is told, its connection and every other go on
-            log.exception("realtime %s: an event failed", self.config.id)
-            failed = RealtimeError(
-                "The server failed to handle this event.", "server_error", kind="server_error"
-            )
-            self.error(failed, event_id)
-
-    async def _session_update(self, message: dict[str, Any]) -> None:
-        before = (self.config.turn_detection, self.config.instructions)
-        self.config.update(message.get("session"))
-        assert self.session is not None
-        if self.config.turn_detection != before[0]:
-            self.apply_turn_detection()
-        if self.config.instructions != before[1]:
-            self.session.set_instructions(self.config.instructions or None)
-        self.send("session.updated", session=self.config.as_dict())
-
-    def apply_turn_detection(self) -> None:
-        """The session's turn-taking as ``turn_detection`` says (server VAD); with none,
-        the session hears nothing: audio waits in the buffer for a commit."""
-        td = self.config.turn_detection
-        if td is None:
-            return
-        assert self.session is not None
-        self.session.configure(
-            {
-                "end_of_turn_ms": td.silence_duration_ms,
-                "vad_threshold": min(0.95, max(0.2, td.threshold)),
-                "speech_prefix_ms": td.prefix_padding_ms,
-                "answer_turns": td.create_response,
-                "barge_in": td.interrupt_response,
-            }
-        )
-
-    async def _append(self, message: dict[str, Any]) -> None:
-        audio = message.get("audio")
-        if not isinstance(audio, str):
-            raise RealtimeError("Missing required parameter: 'audio'.", "missing_required_parameter", "audio")
-        if len(audio) > MAX_APPEND_CHARS:
-            raise RealtimeError(f"'audio' is over {MAX_APPEND_BYTES} bytes.", "audio_too_large", "audio")
-        assert self.session is not None
-        if not audio:  # nothing to decode or to hear: a flood of these costs little
-            self.session.touch()
-            return
-        kind = self.config.input_format["type"]
-        if self._resampler.in_rate != FORMATS[kind]:
-            self._resampler = Resampler(FORMATS[kind], RUNTIME_INPUT_RATE)
-        if len(audio) > THREAD_APPEND_CHARS:  # handled one at a time: the resampler is this event's alone
-            pcm = await asyncio.to_thread(self._pcm, audio, kind)
-        else:
-            pcm = self._pcm(audio, kind)
-        if self.config.turn_detection is not None:
-            self.session.push_audio(AudioFrame(pcm, RUNTIME_INPUT_RATE))
-            return
-        self.session.touch()  # manual turns: held until commit
-        if self._buffered + pcm.size > MAX_BUFFER_S * RUNTIME_INPUT_RATE:
-            raise RealtimeError(
-                f"The input audio buffer holds at most {MAX_BUFFER_S} s: commit or clear it.",
-                "input_audio_buffer_full",
-                "audio",
-            )
-        self._buffer.append(pcm)
-        self._buffered += pcm.size
-
-    def _pcm(self, audio: str, kind: str) -> Int16Array:
-        """An append's audio at the runtime's rate."""
-        try:
-            data = base64.b64decode(audio, validate=True)
-        except (binascii.Error, ValueError):
-            raise RealtimeError("'audio' is not valid base64.", "invalid_base64", "audio") from None
-        return self._resampler.process(_decode(data, kind))
-
-    def _check_unanswered(self, param: str | None) -> None:
-        if self._unanswered >= MAX_UNANSWERED:
-            raise RealtimeError(
-                f"At most {MAX_UNANSWERED} user messages may wait for an answer: send response.create first.",
-                "unanswered_input_limit",
-                param,
-            )
-
-    def _add_turn(self, text: str) -> None:
-        assert self.session is not None
-        self.session.add_turn(text)
-        self._unanswered += 1
-
-    async def _item_create(self, message: dict[str, Any]) -> None:
-        item = message.get("item")
-        if not isinstance(item, dict):
-            raise RealtimeError("Missing required parameter: 'item'.", "missing_required_parameter", "item")
-        if item.get("type") != "message" or item.get("role") != "user":
-            raise RealtimeError("Only user messages can be created.", "unsupported", "item.type")
-        content = item.get("content")
-        parts = content if isinstance(content, list) else []
-        texts = [
-            p["text"]
-            for p in parts
-            if isinstance(p, dict) and p.get("type") == "input_text" and isinstance(p.get("text"), str)
-        ]
-        if not texts or len(texts) != len(parts):
-            raise RealtimeError("A user message needs 'input_text' content.", "invalid_value", "item.content")
-        text = " ".join(texts)
-        if len(text) > 4000:
-            raise RealtimeError(
-                "The message is over 4000 characters.", "string_above_max_length", "item.content"
-            )
-        given = item.get("id")
-        if isinstance(given, str) and len(given) > MAX_ITEM_ID:
-            raise RealtimeError(
-                f"An item id has at most {MAX_ITEM_ID} characters.", "string_above_max_length", "item.id"
-            )
-        item_id = given if isinstance(given, str) else f"item_text_{next(self._text_items)}"
-        if item_id in self._items:
-            raise RealtimeError(f"Item '{item_id}' already exists.", "duplicate_item_id", "item.id")
-        self._check_unanswered("item")
-        self._add_turn(text)
-        self._add_item(user_message(item_id, {"type": "input_text", "text": text}))
-        self.given(item_id, text.strip())
-        self.send("conversation.item.done", previous_item_id=None, item=self._items[item_id])
-
-    async def _response_create(self, message: dict[str, Any]) -> None:
-        assert self.session is not None
-        try:
-            await self.session.respond()
-        except SessionError as e:
-            if e.code == "no_input":  # nothing was waiting after all (the session answered it)
-                self._unanswered = 0
-            raise
-        self._unanswered = 0  # all of it is answered now
-
-    async def _response_cancel(self, message: dict[str, Any]) -> None:
-        assert self.session is not None
-        await self.session.cancel()
-
-    async def _truncate(self, message: dict[str, Any]) -> None:
-        item_id, end = message.get("item_id"), message.get("audio_end_ms")
-        if not isinstance(item_id, str):
-            raise RealtimeError(
-                "Missing required parameter: 'item_id'.", "missing_required_parameter", "item_id"
-            )
-        if isinstance(end, bool) or not isinstance(end, int) or end < 0:
-            raise RealtimeError(
-                "Invalid 'audio_end_ms': expected an integer >= 0.", "integer_below_min_value", "audio_end_ms"
-            )
-        response_id = next((r for r, i in self._responses.items() if i == item_id), None)
-        if response_id is None:
-            raise RealtimeError(
-                f"Item '{item_id}' is not an assistant audio message of this session.",
-                "item_not_found",
-                "item_id",
-            )
-        assert self.session is not None
-        kept = await self.session.truncate(response_id, end)
-        self.truncated(item_id, kept)
-
-    def _known_item(self, message: dict[str, Any], verb: str) -> str:
-        """The ``item_id`` of a retrieve or delete, if it names an item of this connection."""
-        item_id = message.get("item_id")
-        if not isinstance(item_id, str):
-            raise RealtimeError(
-                "Missing required parameter: 'item_id'.", "missing_required_parameter", "item_id"
-            )
-        if item_id not in self._items:
-            raise RealtimeError(
-                f"Item with item_id not found: {shown(item_id)}.", f"item_{verb}_invalid_item_id", "item_id"
-            )
-        return item_id
-
-    async def _item_retrieve(self, message: dict[str, Any]) -> None:
-        item_id = self._known_item(message, "retrieve")
-        self.send("conversation.item.retrieved", item=self._items[item_id])
-
-    async def _item_delete(self, message: dict[str, Any]) -> None:
-        """The item leaves the conversation: its words leave the session's history and KV
-        (a reply in progress stops first: it is cut as heard, then deleted)."""
-        item_id = self._known_item(message, "delete")
-        item = self._items[item_id]
-        assert self.session is not None
-        if item["role"] == "assistant":
-            response_id = next((r for r, i in self._responses.items() if i == item_id), None)
-            if response_id is not None:
-                await self.session.forget(response_id, reply=True)
-                del self._responses[response_id]
-        elif item_id in self._texts:
-            if item_id in self._waiting:
-                self._waiting.remove(item_id)
-                self._unanswered = max(0, self._unanswered - 1)
-            await self.session.forget(self._turn_of.pop(item_id, None), user_text=self._texts.pop(item_id))
-        elif (
-            item["content"]
-            and item["content"][0].get("type") == "input_audio"
-            and (item["content"][0].get("transcript") is None)
-        ):
-            raise RealtimeError(
-                f"Item {shown(item_id)} is still being transcribed: delete it once it is done.",
-                "item_delete_in_progress",
-                "item_id",
-            )
-        if item_id in self._items:  # (a reply stopped above may have been forgotten meanwhile)
-            del self._items[item_id]
-            self._order.remove(item_id)
-        self.send("conversation.item.deleted", item_id=item_id)
-
-    async def _clear(self, message: dict[str, Any]) -> None:
-        self._buffer, self._buffered = [], 0
-        self.send("input_audio_buffer.cleared")
-
-    async def _commit(self, message: dict[str, Any]) -> None:
-        """Manual turns: the buffered audio becomes a user item, transcribed; the reply
-        waits for ``response.create``."""
-        if self.config.turn_detection is not None:
-            raise RealtimeError(
-                "With server_vad, the server commits the input audio itself.", "not_supported"
-            )
-        if self._buffered < RUNTIME_INPUT_RATE // 10:
-            raise RealtimeError(
-                "Error committing input audio buffer: buffer too small. Expected at least 100ms of audio.",
-                "input_audio_buffer_commit_empty",
-            )
-        self._check_unanswered(None)
-        audio, self._buffer, self._buffered = np.concatenate(self._buffer), [], 0
-        item_id = f"item_audio_{next(self._text_items)}"
-        self.user_item(item_id, committed=True)
-        assert self.session is not None
-        transcript = await self.session.transcribe(audio)
-        self.send(
-            "conversation.item.input_audio_transcription.completed",
-            item_id=item_id,
-            content_index=0,
-            transcript=transcript,
-            usage={"type": "duration", "seconds": round(audio.size / RUNTIME_INPUT_RATE, 3)},
-        )
-        self.item_done(item_id, "user", [{"type": "input_audio", "transcript": transcript}])
-        if transcript.strip():
-            self._add_turn(transcript)
-            self.given(item_id, transcript.strip())
-
-
-HANDLERS = {
-    "session.update": RealtimeConnection._session_update,
-    "input_audio_buffer.append": RealtimeConnection._append,
-    "input_audio_buffer.commit": RealtimeConnection._commit,
-    "input_audio_buffer.clear": RealtimeConnection._clear,
-    "conversation.item.create": RealtimeConnection._item_create,
-    "conversation.item.truncate": RealtimeConnection._truncate,
-    "conversation.item.retrieve": RealtimeConnection._item_retrieve,
-    "conversation.item.delete": RealtimeConnection._item_delete,
-    "response.create": RealtimeConnection._response_create,
-    "response.cancel": RealtimeConnection._response_cancel,
-}
-
-
-class RealtimeEndpoint:
-    def __init__(self, config: Config, sessions: Sessions) -> None:
-        self.config = config
-        self.sessions = sessions
-
-    def routes(self, app: web.Application) -> None:
-        app.router.add_get(PATH, self.connect)
-
-    async def connect(self, request: web.Request) -> web.WebSocketResponse:
-        # the frame limit is checked from each frame's header, before its payload is read
-        ws = web.WebSocketResponse(
-            max_msg_size=self.config.max_message_bytes, heartbeat=None, timeout=CLOSE_TIMEOUT_S
-        )
-        await ws.prepare(request)
-        call_id = request.query.get("call_id")
-        if call_id is not None:  # a client joining a call (its parts come from this module)
-            from duplex.transports.realtime_join import join
-
-            return await join(request, ws, self.config, self.sessions, call_id)
-        try:
-            voice = self.sessions.check_room()
-            settings = RealtimeSessionConfig(
-                "", voice.name, self.config.system_prompt or "", MAX_SYSTEM_PROMPT
-            )
-            connection = RealtimeConnection(ws, settings)
-            stage = OutputStage(RealtimeWire(connection), connection.outbox)
-            session = await self.sessions.open(stage, SessionConfig(input_rate=RUNTIME_INPUT_RATE))
-        except SessionError as e:
-            refused = RealtimeError(str(e), e.code, kind="server_error").body(None)
-            await ws.send_str(json.dumps({"type": "error", "event_id": "event_0", "error": refused}))
-            await ws.close(code=WSCloseCode.TRY_AGAIN_LATER, message=e.code.encode())
-            return ws
-        settings.id = session.id
-        connection.session = session
-        connection.apply_turn_detection()  # the API's defaults, as session.created shows them
-        connection.send("session.created", session=settings.as_dict())
-        link = websocket_link(self.sessions, session, stage, ws, request.transport)
-        link.own(send_all(connection.outbox, ws.send_str), "realtime-send")
-        link.watch_reader(connection.outbox, self.config.slow_reader_timeout_s)
-        try:
-            await read(ws, connection, link)
-        finally:
-            await link.close()
+        voice = sessions.check_room()
+        settings = RealtimeSessionConfig("", voice.name, config.system_prompt or "", MAX_SYSTEM_PROMPT)
+        connection = RealtimeConnection(ws, settings)
+        stage = OutputStage(RealtimeWire(connection), connection.outbox)
+        session = await sessions.open(stage, SessionConfig(input_rate=RUNTIME_INPUT_RATE))
+    except SessionError as e:
+        refused = RealtimeError(str(e), e.code, kind="server_error").body(None)
+        await ws.send_str(json.dumps({"type": "error", "event_id": "event_0", "error": refused}))
+        await ws.close(code=WSCloseCode.TRY_AGAIN_LATER, message=e.code.encode())
         return ws
-
-
-async def read(ws: web.WebSocketResponse, connection: RealtimeConnection, link: Link) -> None:
-    """The client's events, paced (`Pace`), each handled before the next is read. The
-    reader yields to the loop between slices: messages already buffered are read
-    without a suspension, so a fast client would otherwise hold the loop. It ends when
-    the socket does, or the session, or at ``rate_limited`` (`Link.close_with` says so)."""
-    session = connection.session
-    assert session is not None
-    pace = Pace(EVENT_RATE, EVENT_BURST, time.monotonic())
-    slice_end = time.monotonic() + SLICE_S
-    async for msg in ws:
-        if msg.type == WSMsgType.ERROR:  # aiohttp has closed it with the code (1009, 1007, ...)
-            break
-        if msg.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
-            continue
-        EVENTS.inc()
-        now = time.monotonic()
-        wait = pace.wait_s(1 + len(msg.data) // EVENT_BYTES, now)
-        if pace.over_s(now) > PATIENCE_S:
-            log.info(
-                "realtime %s: over %g events/s for %g s; closed",
-                connection.config.id,
-                EVENT_RATE,
-                PATIENCE_S,
-            )
-            RATE_LIMITED.inc()
-            link.close_with = (WSCloseCode.POLICY_VIOLATION, b"rate_limited")
-            break
-        if wait > 0 or now > slice_end:
-            await asyncio.sleep(wait)  # sleep(0): one turn of the loop for everyone else
-            slice_end = time.monotonic() + SLICE_S
-            if session.closed.is_set():  # meanwhile (max_session_s, a slow reader): not one more event
-                break
-        if msg.type == WSMsgType.TEXT:
-            await connection.handle(msg.data)
-        else:
-            connection.error(RealtimeError("Events are JSON text frames.", "invalid_event"), None)
+    settings.id = session.id
+    connection.session = session
+    connection.apply_turn_detection()  # the API's defaults, as session.created shows them
+    connection.send("session.created", session=settings.as_dict())
+    link = websocket_link(session, lambda: sessions.close(session), stage.close, ws, request.transport)
+    link.own(send_all(connection.outbox, ws.send_str), "realtime-send")
+    link.watch_reader(connection.outbox, config.slow_reader_timeout_s)
+    try:
+        await read(ws, connection, link)
+    finally:
+        await link.close()
+    return ws

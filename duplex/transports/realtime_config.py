@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 FORMATS = {"audio/pcm": 24000, "audio/pcmu": 8000, "audio/pcma": 8000}
+LAWS = {"audio/pcmu": "ulaw", "audio/pcma": "alaw", "audio/pcm": None}  # for encode_wire / decode_wire
 IGNORED_KEYS = ("tracing", "truncation", "include", "prompt", "model", "max_output_tokens", "tool_choice")
 MAX_ECHO_DEPTH = 8  # nesting of an accepted-and-ignored value (the API's own go 4 deep)
 MAX_ECHO_CHARS = 16384  # ... and its length as JSON

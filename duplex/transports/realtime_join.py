@@ -2,8 +2,8 @@
 phone call), as the GA API's sideband connection to a SIP call does
 (``client.realtime.connect(call_id=...)`` in the openai SDK).
 
-    phone ─► Twilio / SIP transport ─► Session ─► OutputStage ─► the call's own wire
-                                                      └─ watcher ─► RealtimeWire ─► this socket
+    phone ─► Twilio / SIP transport ─► Session ─► the call's own wire
+                                          └─ watch ─► RealtimeWire ─► this socket
     this socket ─► client events ─► the same Session
 
 ``call_id`` is the call's own id (Twilio ``CallSid``, SIP ``Call-ID``) or the session's
@@ -23,21 +23,21 @@ its socket aborted, after ``slow_reader_timeout_s``; the call does not hear of i
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import logging
 
-from aiohttp import WSCloseCode, WSMsgType, web
+from aiohttp import WSCloseCode, web
 
 from duplex.config import Config
 from duplex.events import Event
+from duplex.port import SessionPort, Unwatch, Watcher
 from duplex.session_config import MAX_SYSTEM_PROMPT
 from duplex.sessions import Sessions
-from duplex.transports.link import CLOSE_TIMEOUT_S, Link, send_all
+from duplex.transports.link import send_all, websocket_link
 from duplex.transports.output import OutputStage
-from duplex.transports.realtime import RealtimeConnection, RealtimeWire, read
+from duplex.transports.realtime_client import RealtimeConnection, read
 from duplex.transports.realtime_config import RealtimeError, RealtimeSessionConfig
+from duplex.transports.realtime_events import RealtimeWire
 
 log = logging.getLogger("duplex.realtime")
 
@@ -51,20 +51,37 @@ async def _refuse(ws: web.WebSocketResponse, error: RealtimeError) -> web.WebSoc
     return ws
 
 
+async def _goes_on() -> None:
+    """The call is not this client's to close."""
+
+
+def _watch(session: SessionPort, watcher: Watcher, limit: int) -> Unwatch | None:
+    """`SessionPort.watch`, through a TEMPORARY adapter (issue 46, item 3): until Session
+    implements it (duplex/session_watch.py), a call's watchers are its OutputStage's, as
+    before. Once it does, this function and the OutputStage import go, and `join` calls
+    ``session.watch(watch, MAX_JOINED)``."""
+    if type(session).watch is not SessionPort.watch:
+        return session.watch(watcher, limit)
+    stage = getattr(session, "sink", None)
+    if not isinstance(stage, OutputStage) or len(stage.watchers) >= limit:
+        return None
+    stage.watchers.append(watcher)
+
+    def unwatch() -> None:
+        if watcher in stage.watchers:
+            stage.watchers.remove(watcher)
+
+    return unwatch
+
+
 async def join(
     request: web.Request, ws: web.WebSocketResponse, config: Config, sessions: Sessions, call_id: str
 ) -> web.WebSocketResponse:
     """Serve one joined client on an upgraded socket until it or the call ends."""
     session = sessions.find(call_id) if len(call_id) <= MAX_CALL_ID else None
-    stage = session.sink if session is not None else None
-    if session is None or not isinstance(stage, OutputStage) or session.closed.is_set():
+    if session is None or session.closed.is_set():
         return await _refuse(
             ws, RealtimeError(f"No open call {call_id[:64]!r}.", "call_not_found", "call_id")
-        )
-    if len(stage.watchers) >= MAX_JOINED:
-        return await _refuse(
-            ws,
-            RealtimeError(f"At most {MAX_JOINED} clients may join one call.", "too_many_joined", "call_id"),
         )
     settings = RealtimeSessionConfig(
         session.id, session.voice.name, config.system_prompt or "", MAX_SYSTEM_PROMPT
@@ -79,36 +96,17 @@ async def join(
         except (KeyError, TypeError, ValueError):  # a bug here must not break the call's tasks
             log.exception("realtime %s: no event for %s", session.id, event.type)
 
-    stage.watchers.append(watch)
+    unwatch = _watch(session, watch, MAX_JOINED)
+    if unwatch is None:
+        return await _refuse(
+            ws,
+            RealtimeError(f"At most {MAX_JOINED} clients may join one call.", "too_many_joined", "call_id"),
+        )
     log.info("realtime: a client joined call %s (session %s)", call_id, session.id)
     connection.send("session.created", session=settings.as_dict())
-
-    async def close_socket() -> None:
-        if not ws.closed and not stalled.is_set():
-            code, reason = link.close_with or (WSCloseCode.OK, b"")
-            if link.ended_by_session:
-                code, reason = WSCloseCode.GOING_AWAY, b"call ended"
-            with contextlib.suppress(TimeoutError, ConnectionError):
-                async with asyncio.timeout(CLOSE_TIMEOUT_S):
-                    await ws.send_frame(int(code).to_bytes(2, "big") + reason, WSMsgType.CLOSE)
-        if request.transport is not None:
-            request.transport.abort()
-
-    async def no_close() -> None:  # the call goes on without this client
-        pass
-
-    async def watch_reader() -> None:
-        timeout_s = config.slow_reader_timeout_s
-        while connection.outbox.stalled_s() <= timeout_s and not connection.outbox.overflowed:  # noqa: ASYNC110 (polled: time passing is the event)
-            await asyncio.sleep(min(1.0, timeout_s / 4))
-        log.info("realtime %s: a joined client is not reading; closed", session.id)
-        stalled.set()
-        await link.close()
-
-    stalled = asyncio.Event()
-    link = Link(session, no_close, close_socket, lambda: stage.watchers.remove(watch))
+    link = websocket_link(session, _goes_on, unwatch, ws, request.transport, ended=b"call ended")
     link.own(send_all(connection.outbox, ws.send_str), "realtime-joined-send")
-    link.own(watch_reader(), "realtime-joined-reader")
+    link.watch_reader(connection.outbox, config.slow_reader_timeout_s, tell_session=False)
     try:
         await read(ws, connection, link)
     finally:
