@@ -274,23 +274,46 @@ async def test_vanished_and_dropped_clients_leave_nothing_behind(served, tts_eng
     client = DuplexClient(target)
     conversation = await client.converse()
     await conversation.say("Tell me a long story about a cat.")
+    replying = False
     async with asyncio.timeout(30):
         async for event in conversation:
             if event.HasField("audio"):
+                replying = True
                 break
+    assert replying, "the stream ended before the reply's audio"
+    # its session is open, mid-reply, as the client vanishes
+    assert [s.id for s in sessions._open] == [conversation.started.session_id]
     await client.close()  # gone, mid-reply, without a word
     await until_no_session(sessions)
 
-    async def open_and_drop() -> grpc.StatusCode | None:
+    async def open_and_drop() -> pb.SessionStarted | tuple[grpc.StatusCode, str]:
+        """The session's first event, SessionStarted, then gone without a word; or the
+        status of a call refused a session."""
         async with grpc.aio.insecure_channel(target) as channel:
             call = pb_grpc.DuplexStub(channel).Converse()
             await call.write(config_event())
+            try:
+                first = await asyncio.wait_for(call.read(), 30)
+            except grpc.aio.AioRpcError as e:
+                return e.code(), e.details() or ""
+            if first is grpc.aio.EOF:
+                return await call.code(), await call.details()
             await asyncio.sleep(0.05)
             call.cancel()
-            return None
+            return first.started
 
-    await asyncio.gather(*(open_and_drop() for _ in range(200)))
+    outcomes = await asyncio.gather(*(open_and_drop() for _ in range(200)))
+    started = [o for o in outcomes if isinstance(o, pb.SessionStarted)]
+    refused = {o for o in outcomes if not isinstance(o, pb.SessionStarted)}
+    # each was either refused for want of room, or got its own session...
+    too_many = (grpc.StatusCode.RESOURCE_EXHAUSTED, "too_many_sessions")
+    assert all(code == too_many[0] and details.startswith(too_many[1]) for code, details in refused), refused
+    assert len({s.session_id for s in started}) == len(started) and all(s.session_id for s in started)
+    # ...and the server was full at least once (a refusal means max_sessions places were
+    # taken, by streams that each go on to open a session), or all 200 got one
+    assert len(started) >= sessions.max_sessions, f"{len(started)} sessions opened"
     await until_no_session(sessions)
+    assert sessions._held == 0
     async with DuplexClient(target) as client:  # and the server still serves
         conversation = await client.converse()
         await conversation.say("Say hi.")
