@@ -1,12 +1,11 @@
 """Streaming format conversion: resampling (soxr), down-mixing, re-framing.
 
-Resampling uses soxr's *variable-rate* engine (``vr=True``) at a fixed ratio. Measured
-here with 20 ms input chunks, the default constant-rate engine holds output back in
-blocks (HQ: 0 samples for 5 chunks then one burst, up to 114 ms late at 8 kHz); the
-variable-rate engine emits a steady 20 ms per 20 ms in, with a constant 10-30 ms delay,
-alias rejection of -117 dB, and output identical to a one-shot pass of the same signal.
-soxr trims its own filter delay; what remains is a constant sub-sample to 2-sample delay
-at the output rate (0.1 ms at most), and chunked output equals one-shot output.
+Resampling uses soxr's *variable-rate* engine (``vr=True``) at a fixed ratio: it emits
+a steady 20 ms out per 20 ms in, with a constant delay, where the default constant-rate
+engine holds output back and releases it in bursts, later than pacing and barge-in can
+afford. soxr trims its own filter delay; what remains is a constant delay of at most 2
+samples at the output rate, and chunked output equals one-shot output (figures:
+docs/performance.md, "Audio core").
 Samples are processed in float32 and rounded back to int16 here, so that rounding is the
 same however the signal is chunked.
 """

@@ -272,9 +272,9 @@ def _serve(config: Config, cache_dir: Path) -> int:
 
     log.info("starting duplex %s", __version__, extra={"fields": {"config": config.redacted()}})
     code = asyncio.run(serve(config, cache_dir))
-    # Everything was closed in order by Service.stop. The interpreter's own teardown
-    # (finalizers of vLLM, torch, onnxruntime) then took ~3.5 s, which put SIGTERM past
-    # its 5 s budget on a loaded machine; there is nothing left for it to do.
+    # Everything is closed in order by Service.stop. The interpreter's own teardown
+    # (finalizers of vLLM, torch, onnxruntime) has nothing left to do and is slow enough
+    # to put SIGTERM past its budget (figures: docs/performance.md, "Shutdown").
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -9,9 +9,9 @@ of the loudest audio sent in the echo window before it (a Geigel-style double-ta
 detector, on levels rather than samples).
 
 Levels are compared in two bands, below and above `SPLIT_HZ`, and the caller is heard
-if either band is: a word that opens with a fricative ("Stop", "Sorry", "Flip") is
-~100 ms of hiss at -25 to -35 dBFS before its vowel, well under the reply's loudest
-vowels (so broadband it passes for echo) but far over the reply's own high band.
+if either band is: a word that opens with a fricative ("Stop", "Sorry", "Flip") begins
+with hiss well under the reply's loudest vowels (so broadband it passes for echo) but
+far over the reply's own high band (figures: docs/performance.md, "Duplex runtime").
 
 A line can echo louder than ``suppression_db`` allows (a phone line at -10 dB). So the
 gate measures each line: for the first `TRAIN_S` of inbound audio after a reply begins
@@ -31,9 +31,9 @@ hide is heard at once. That allowance holds only where the canceller works now: 
 of a window it made louder (`TAKEN_MIN_DB`: an echo path that moved under it, the client
 playing a late frame and the rest of its run after it, leaves an estimate that adds echo
 rather than taking it away) is judged as without a canceller, or the echo it failed to
-take out would be taken for the caller (offline, a path moved 10 ms: 1-3 such windows a
-reply, each enough to cut it). A window of the caller's voice over the echo still has
-the echo taken from it, and keeps the allowance.
+take out would be taken for the caller, and one such window is enough to cut the reply
+(figures: docs/performance.md, "A moved echo path is not the caller"). A window of the
+caller's voice over the echo still has the echo taken from it, and keeps the allowance.
 
 Pure bookkeeping: levels of 20 ms frames with their send times, no audio kept.
 """

@@ -12,8 +12,8 @@ VAD and ASR as it came.
 - **The room** is learned by a partitioned-block frequency-domain adaptive filter (the
   algorithm of Speex's MDF: normalized LMS per frequency bin, 20 ms blocks, one
   partition's gradient constrained per block) over `PARTITIONS` blocks from `LEAD`
-  blocks before the delay. Measured offline on the bundled voice's reply, -20 dB echo
-  through a room (RT60 0.15 s): see docs/performance.md.
+  blocks before the delay (figures: docs/performance.md, "An echo canceller under the
+  echo gate").
 - **Double talk**: the filter adapts only on blocks the caller's voice is not in (the
   session's echo gate tells, `adapt`), or it would learn the caller as echo. A frame
   whose estimate is far louder than what came (a moved path) is passed on as it came.

@@ -8,7 +8,8 @@ checking that it runs the same tokenizer.
 
 Once they are loaded, `freeze_heap` takes the objects alive then out of the garbage
 collector's sight: they live as long as the process, and walking them all in each full
-collection stopped the event loop for ~400 ms at a time.
+collection would stop the event loop for every session at once (figures:
+docs/performance.md, "No partial pass in the silence; the heap frozen after start-up").
 """
 
 from __future__ import annotations
@@ -38,12 +39,13 @@ log = logging.getLogger("duplex.engines")
 def freeze_heap() -> None:
     """Collect, then freeze (`gc.freeze`) every object alive now (the count is logged).
 
-    With the engines loaded a process tracks ~670,000 objects (torch, vLLM, the
-    tokenizer, the transports' libraries), and a full collection walks them all with
-    the event loop stopped: 375-400 ms each time (Intel Xeon, AMX, 2 cores), audio that
-    stalls for every caller at once. After this, full collections walk only what came
-    later (0.0 ms right after). Objects frozen and then dropped are still freed by
-    their reference counts; only cycles among them are never collected."""
+    With the engines loaded a process tracks hundreds of thousands of objects (torch,
+    vLLM, the tokenizer, the transports' libraries), and a full collection walks them
+    all with the event loop stopped: audio that stalls for every caller at once. After
+    this, full collections walk only what came later (figures: docs/performance.md,
+    "No partial pass in the silence; the heap frozen after start-up"). Objects frozen
+    and then dropped are still freed by their reference counts; only cycles among them
+    are never collected."""
     began = time.perf_counter()
     gc.collect()
     gc.freeze()

@@ -223,8 +223,8 @@ class Service:
         await self.sessions.close_all(SessionError("shutting_down", "the server is shutting down"))
         # With the sessions closed, the engines and the listeners stop together: one
         # after the other, each one's worst case (the ASR's 1 s for a pass in progress,
-        # vLLM's 1.5 s for its engine core, gRPC's grace, aiohttp's) added up past the
-        # 5 s a SIGTERM allows (measured on 2 AVX2 cores with a 30 s window in flight)
+        # vLLM's 1.5 s for its engine core, gRPC's grace, aiohttp's) adds up past the
+        # 5 s a SIGTERM allows (figures: docs/performance.md, "Shutdown")
         closing: list[Awaitable[object]] = []
         if self.engines is not None:
             engines, self.engines = self.engines, None

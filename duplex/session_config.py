@@ -15,10 +15,9 @@ if TYPE_CHECKING:
 
 MAX_SYSTEM_PROMPT = 8000  # characters
 # A pause this long starts the judgement of the caller's turn: the final pass, the LLM's
-# score and the held reply. One VAD window, the soonest the VAD can tell: 96 ms instead
-# of 192 brought the reply ~100 ms sooner, and 32 instead of 96 lets it be ready by
-# `certain_turn_ms` at one session; pauses of 32-63 ms inside an utterance are rare (2 in
-# 33 utterances: docs/performance.md)
+# score and the held reply. One VAD window, the soonest the VAD can tell, so that the
+# reply is ready by `certain_turn_ms`; pauses this short inside an utterance are rare
+# (figures: docs/performance.md, "The judgement at one VAD window")
 JUDGED_PAUSE_MS = 32
 
 
@@ -50,30 +49,27 @@ class SessionConfig:
     certain_turn_ms: int = 250
     certain_turn_threshold: float = 0.9
     # ... or this much, after words it judges unfinished ("so the thing is,": a probability
-    # under the threshold; duplex bench endpoint's pauses that silence alone split
-    # scored 0.0-0.014, real ends of statements 0.002-0.18)
+    # under the threshold, where the pauses silence alone splits score and real ends of
+    # statements seldom do; figures: docs/performance.md, "Unfinished words wait longer")
     unfinished_turn_ms: int = 800
     unfinished_turn_threshold: float = 0.02
     end_of_turn_by_meaning: bool = True  # false: silence alone (end_of_turn_ms) ends the turn
     resume_false_interruptions: bool = True  # speech over the reply with no words resumes it
     echo_suppression_db: float = 12.0
     # the reply's echo taken out before the gate judges (`EchoCanceller`), so a soft vowel,
-    # nasal or glide under the echo's level cuts the reply where it begins: at 8 sessions
-    # every onset kind stopped under 80 ms p95 in 5 runs of 7, against 110-149 ms for the
-    # slowest kind without it, for ~10 ms of voice-to-voice and up to 15% more CPU
-    # (docs/performance.md, seventeenth session); false for a line that cancels its own
-    # echo, or to save that CPU
+    # nasal or glide under the echo's level cuts the reply where it begins, for a little
+    # voice-to-voice and CPU (figures: docs/performance.md, "A moved echo path is not the
+    # caller"); false for a line that cancels its own echo, or to save that CPU
     echo_cancellation: bool = True
     speculative_replies: bool = True  # begin the reply, silently, at a pause in the caller's voice
     barge_in_min_speech_ms: int = 64  # while the reply plays, speech starts sooner (96 otherwise)
     max_inbound_s: float = 10.0  # audio waiting to be heard; more is dropped, with an error
     playback_acks: bool = False  # the transport reports playback; else sent counts as played
     # pause the reply on a frame louder than its echo could be, before the VAD decides:
-    # off by default until it is shown not to pause replies on their own echo (a CI run
-    # saw it do so once without the canceller); with it, soft onsets stop in ~20 ms, not
-    # 150-210 (docs/performance.md)
+    # off by default until it is shown not to pause replies on their own echo; with it,
+    # soft onsets stop far sooner (figures: docs/performance.md, "Duplex runtime")
     quick_pause: bool = False
-    word_times: bool = False  # final transcripts carry word times (~25-65 ms more per turn)
+    word_times: bool = False  # final transcripts carry word times (an alignment pass more per turn)
     answer_turns: bool = True  # each finished user turn is answered; false: held for `respond`
     barge_in: bool = True  # the caller's speech cuts the reply; false: it is the next turn
     vad_threshold: float = 0.5  # speech probability that counts as speech

@@ -3,7 +3,7 @@
 Every stream's passes (`Job`s) wait in one queue that the engine's worker threads serve:
 finals before partials, in the order they came. A final takes the finals waiting behind
 it into its batch, up to `MAX_BATCH`, decoded together; a partial runs alone, since a
-batch of partials kept the next final waiting for the whole batch. A partial pass lets
+batch of partials would keep the next final waiting for the whole batch. A partial pass lets
 the finals that come while it runs go first, between its decoding steps, so that a final
 waits a step and not the rest of a pass; a partial a pause took as its final does not
 yield (it is that final). A pass whose every request was cancelled (a partial its

@@ -7,7 +7,7 @@ utterance (plus `TAIL_PAD` of silence) and completes the encoder output to Whisp
 1,500 positions with the encoder states of 30 s of silence, computed once at start-up.
 The decoder then sees what it was trained on: speech followed by silence. It needs all
 1,500 positions: truncated to the audio, or to the audio and some seconds of silence,
-the encoder output made the decoder loop on short utterances ("What time is it? What
+the encoder output makes the decoder loop on short utterances ("What time is it? What
 time is it? ..."). The decoder is our own (`models.whisper_decoder`): the silence
 positions' share of its cross-attention is computed once, not on every pass as
 CTranslate2's decoder does. docs/performance.md has the figures.

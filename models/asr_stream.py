@@ -85,11 +85,11 @@ class AsrStream:
         """More of the utterance. ``partial`` False: no partial pass starts now (the
         caller's voice has stopped: the pause's speculative final will have the words;
         one due starts as soon as the voice resumes). A partial pass over the pause
-        would hear only silence, and take a core from the reply being prepared: at one
-        session it ran beside the turn's score, the reply's first tokens and its first
-        phrase's TTS. One started in the silence before the pause is announced covers
-        too little of it to serve as the final (`COVER`), and the final queued behind
-        it waited a whole pass."""
+        would hear only silence, and take a core from the reply being prepared: even at
+        one session it would run beside the turn's score, the reply's first tokens and
+        its first phrase's TTS. One started in the silence before the pause is announced
+        covers too little of it to serve as the final (`COVER`), and the final queued
+        behind it would wait a whole pass."""
         if samples.dtype != np.int16:
             raise TypeError(f"ASR takes int16 samples at 16 kHz, got {samples.dtype}")
         if not self._active:

@@ -2,15 +2,16 @@
 of its activations and compiled or eager execution, chosen from figures.
 
 vLLM's CPU kernels depend on the instructions the CPU has, and so does which variant is
-fastest, or even right: on a Xeon with AMX, int8 weights (SGL's AMX kernels) decode 3.4x
-faster than float32 eager; on an AMD EPYC without AMX, compiled int8 is faster still but
-loses a fact, and bfloat16 is the fastest right one (1.8x float32), while float16, as
-fast in decode, prefills 9x slower; on AVX2 alone, float32 is the fastest (bfloat16
-prefills ~6x slower there, int8 decodes at half the speed and loses a fact).
-``duplex bench ar-variants`` measures every variant; `MEASURED` keeps, for each kind of
-CPU measured so far, the variants found correct there, fastest first (docs/performance.md
-has the figures). A CPU's kind is read from the flags that decide vLLM's kernels, never
-guessed from a model name:
+fastest, or even right: on a Xeon with AMX, int8 weights (SGL's AMX kernels) are the
+fastest; on an AMD EPYC with AVX-512 BF16 but no AMX, compiled int8 is faster still but
+loses a fact, and bfloat16 is the fastest right one, while float16, as fast in decode,
+prefills several times slower (no AVX512-FP16); on AVX2 alone, float32 is the fastest
+(without bf16 instructions bfloat16 prefills several times slower, and int8 decodes
+slower and loses a fact). ``duplex bench ar-variants`` measures every variant;
+`MEASURED` keeps, for each kind of CPU measured so far, the variants found correct
+there, fastest first (figures: docs/performance.md, "AR on the CPU against llama.cpp",
+"The LLM on a CPU without AMX", "AVX2 alone"). A CPU's kind is read from the flags that
+decide vLLM's kernels, never guessed from a model name:
 
     amx          amx_tile, amx_int8, amx_bf16 (Intel Sapphire Rapids and later)
     avx512_bf16  avx512f, avx512_bf16 and avx512_vnni, without AMX (e.g. AMD Zen 4)
@@ -22,7 +23,7 @@ guessed from a model name:
 
 What the user fixes (``--llm-quantization``, ``--llm-dtype``, ``--llm-execution``) is
 kept; ``auto`` parts take the fastest measured variant that agrees with it. Read without
-importing torch or vLLM (5 s), since every start asks.
+importing torch or vLLM (seconds of start-up), since every start asks.
 """
 
 from __future__ import annotations
@@ -77,14 +78,13 @@ def _v(name: str) -> LlmVariant:
 # Correct variants per kind of CPU, fastest first (`duplex bench ar-variants`;
 # docs/performance.md). Left out: variants that lost facts or crashed there.
 MEASURED: dict[str, tuple[LlmVariant, ...]] = {
-    # Xeon with AMX, 2026-11-30 (`duplex bench ar-cpu` runs): int8 compiled 32 tok/s,
-    # bf16 compiled 21, float32 eager 9.3; int4 lost facts ("3 days in a week")
+    # Xeon with AMX, 2026-11-30 (`duplex bench ar-cpu` runs); int4 loses facts there
+    # ("3 days in a week")
     "amx": tuple(map(_v, ("int8-bfloat16-compiled", "none-bfloat16-compiled", "none-float32-eager"))),
     # AMD EPYC (Zen 4: AVX-512 with VNNI and BF16, no AMX), 2026-12-01, by speedup over
-    # float32 compiled (decode, 8 batched, TTFT 40/400): bf16 compiled 1.79 (decode 39
-    # tok/s), int8 eager 1.73, bf16 eager 1.28, float32 compiled 1.0 (22 tok/s), float32
-    # eager 0.84, float16 0.37-0.38 (no AVX512-FP16: prefill 9x slower). Wrong there:
-    # int8 compiled ("a deep shade of indigo"), int4 as W4A16 ("3 days in a week").
+    # float32 compiled (decode, 8 batched, TTFT 40/400); float16 last, its prefill slow
+    # without AVX512-FP16. Wrong there: int8 compiled ("a deep shade of indigo"), int4 as
+    # W4A16 ("3 days in a week").
     "avx512_bf16": tuple(
         map(
             _v,
@@ -99,10 +99,9 @@ MEASURED: dict[str, tuple[LlmVariant, ...]] = {
             ),
         )
     ),
-    # AMD EPYC (Zen 1: AVX2 and FMA, no AVX-512), 2026-12-04: float32 compiled (decode
-    # 17.9 tok/s, TTFT 40/400 259/2,371 ms), float32 eager 0.88 (13.6 tok/s), bf16
-    # compiled 0.28 (15.1 tok/s, but TTFT 1.5/15.1 s: no bf16 instructions). Wrong
-    # there: int8 compiled (0.59, 7.4 tok/s); int8 eager, int4, float16 not measured.
+    # AMD EPYC (Zen 1: AVX2 and FMA, no AVX-512), 2026-12-04, by the same speedup; bf16
+    # compiled last, its prefill slow without bf16 instructions. Wrong there: int8
+    # compiled; int8 eager, int4, float16 not measured.
     "avx2": tuple(map(_v, ("none-float32-compiled", "none-float32-eager", "none-bfloat16-compiled"))),
 }
 SAFE = LlmVariant("none", "float32", "compiled")  # right wherever vLLM's CPU backend runs

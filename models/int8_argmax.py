@@ -36,8 +36,9 @@ _ABSOLUTE_MARGIN = np.float32(1e-3)
 
 def _product_model(weights: npt.NDArray[np.int8]) -> bytes:
     """An ONNX model: int32 [rows, vocabulary] = (A uint8 [rows, width] - 128) @ Q.T,
-    ``weights`` being Q (the transpose is folded once, when the session is made: in
-    numpy, an int8 transpose of Whisper's vocabulary took 0.4 s)."""
+    ``weights`` being Q (the transpose is folded once, when the session is made, not in
+    numpy, where an int8 transpose of Whisper's vocabulary is a slow part of start-up:
+    docs/performance.md, "The vocabulary projection read as int8")."""
     from onnx import TensorProto, helper, numpy_helper
 
     vocabulary, width = weights.shape

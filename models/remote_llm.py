@@ -52,7 +52,7 @@ from models.remote_stream import RemoteStream
 log = logging.getLogger("duplex.llm")
 
 SESSION_HEADER = "X-Session-ID"
-CONNECT_TIMEOUT_S = 10.0  # generous: connecting on a loaded machine has taken seconds (docs/performance.md)
+CONNECT_TIMEOUT_S = 10.0  # generous: connecting on a loaded machine can take seconds (docs/performance.md)
 PROBE_TIMEOUT_S = 2.0
 # a service that sends nothing this long (hung, not dead) fails the request in flight
 READ_TIMEOUT_S = 30.0

@@ -100,10 +100,9 @@ def voiced_span(audio: npt.NDArray[np.float32], rate: int) -> tuple[int, int]:
 
 
 # One onnxruntime thread: with two, each of piper's ops is split across both cores, and
-# waits for the half on the core the LLM's engine core computes on. A two-word phrase
-# took 57 ms idle, but 127-144 ms beside one busy core (as in a session, the LLM
-# decoding the rest of the reply); with one thread, 80 ms idle and 75-90 ms beside it
-# (AMD EPYC Zen 4, 2 cores, no AMX).
+# waits for the half on the core the LLM's engine core computes on, so a phrase beside
+# one busy core (as in a session, the LLM decoding the rest of the reply) is slower on
+# two threads than on one (figures: docs/performance.md, "The reply chain at one session").
 TTS_THREADS = 1
 FIRST_FRAMES = 16  # a first phrase's first span: 16 latent frames, 186 ms at 22.05 kHz
 
@@ -277,9 +276,9 @@ class TtsEngine:
                 continue
             started = time.perf_counter()
             # A first phrase in spans only while no other first phrase waits: spans cost
-            # more (context around each). With one worker for all phrases, always in spans
-            # gave 135 audio gaps over 100 ms at 8 sessions (one run) against 45 in spans
-            # only when no phrase at all waited (Intel Xeon, AMX yes)
+            # more (context around each), and under load the next span, behind other
+            # sessions' work, comes too late and leaves a gap in the reply (figures:
+            # docs/performance.md, "The first phrase's audio in pieces")
             spans = FIRST_FRAMES if job.first and lane.jobs.empty() else None
             try:  # a cut (job.cancelled) stops the phrase's decoding
                 for piece in self.pieces(job.text, spans, job.cancelled):

@@ -3,8 +3,8 @@
 Each session has a `VadStream` (its model state, 64 samples of context, its pending
 audio and its speech/silence bookkeeping). The engine's worker thread takes one
 512-sample window (32 ms at 16 kHz) from every stream that has one, runs them as one
-batch (measured here: 1 window 0.27 ms, 8 windows 0.54 ms), and repeats until no
-stream has a full window.
+batch (far cheaper than one by one: docs/performance.md, "Speech stages"), and repeats
+until no stream has a full window.
 
 Decisions per window, as in Silero's own iterator, with hysteresis:
 
@@ -15,9 +15,10 @@ A candidate becomes ``speech_start`` once speech has lasted ``min_speech_ms``; a
 becomes ``speech_end`` once it has lasted ``min_silence_ms``. Positions are sample
 indices in the session's 16 kHz stream: a start at the first speech window (less
 ``speech_pad_ms``, or ``prefix_pad_ms`` when set), an end where the pause began, less
-Silero's lag in noticing it (``end_lag_ms``, two windows: measured on our synthesized
-speech, the first window below the silence threshold starts 36-62 ms after the last
-sample above -40 dB), plus ``speech_pad_ms``. A ``pause`` event announces a pause once
+Silero's lag in noticing it (``end_lag_ms``, two windows: the span between the last
+sample above -40 dB and the first window below the silence threshold, on our
+synthesized speech; figures: docs/performance.md, "Speech stages"), plus
+``speech_pad_ms``. A ``pause`` event announces a pause once
 it has lasted ``pause_ms`` (shorter than ``min_silence_ms``), so that later stages can
 start work that a ``speech_end`` at the same position will confirm; commas and breaths,
 which are shorter, do not trigger it.

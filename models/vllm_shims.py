@@ -37,7 +37,8 @@ def _load_compiled_graphs_on_cpu() -> None:
     ``compiled_fn.finalize_loading``, which only its own graph wrapper has; on the CPU
     the loaded graph is inductor's plain function, the AttributeError is caught as a
     load failure ("Compiling model again due to a load failure ... 'function' object
-    has no attribute 'finalize_loading'") and every start compiles again (~100 s here).
+    has no attribute 'finalize_loading'") and every start compiles again, the slowest
+    start there is (docs/performance.md, "Quantized weights on vLLM's CPU kernels").
     The CPU graph is complete once loaded: it gets a no-op ``finalize_loading``."""
     import torch
 

@@ -2,20 +2,14 @@
 
 piper runs one ONNX graph per sentence. Its first part (the text encoder, the duration
 predictor and the flow) turns phoneme ids into latent frames; its last, the decoder,
-turns each frame into `hop` samples, at a cost that grows with the audio. Measured for
-the bundled voice (Intel Xeon family 6 model 167, AMX, one thread, nothing else
-running):
-
-    phrase                             frames  whole graph  first part  decoder
-    "Sure thing"                           51        93 ms       34 ms    55 ms
-    "The capital of"                       86       135 ms       43 ms    97 ms
-    "The capital of France is Paris."     160       248 ms       63 ms   178 ms
-
-The decoder's first 16 frames (186 ms of audio), given 8 frames after them for context,
-took 24-25 ms whatever the phrase's length; the spans' samples differ from the whole
-decode's by at most 0.16% of full scale (-56 dB; most are equal). So the voice is split
-at load, in memory, at the decoder's one input (`VoiceParts.load`, with the ``onnx``
-package): a phrase's first frames are decoded and played while the rest is decoded.
+turns each frame into `hop` samples, at a cost that grows with the audio: most of a
+long phrase's time is the decoder's. Its first 16 frames (186 ms of audio), given 8
+frames after them for context, cost the same whatever the phrase's length, and spans
+decoded so differ from the whole decode by a fraction of a percent of full scale at
+most (figures: docs/performance.md, "The first phrase's audio in pieces"). So the
+voice is split at load, in memory, at the decoder's one input (`VoiceParts.load`, with
+the ``onnx`` package): a phrase's first frames are decoded and played while the rest
+is decoded.
 
 The first part also gives the frames each phoneme id lasts (the tensor piper's
 ``patch_voice_with_alignment`` exposes): where each word falls in the audio is known

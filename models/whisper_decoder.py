@@ -1,13 +1,12 @@
 """Whisper's text decoder in numpy, with the silence's share of cross-attention computed once.
 
-The ASR pass (`models.asr`) encodes only the utterance and completes the encoder output
-to Whisper's 1,500 positions with the states of 30 s of silence. CTranslate2's decoder
-projects all 1,500 positions to cross-attention keys and values on every pass, and on
-two AVX2 cores that projection was most of a pass: for a 2.7 s question, 130 ms of a
-200 ms decode (tiny.en, int8, one thread; AMD EPYC family 23 model 1, no AMX). Those
-keys and values depend only on the encoder states, so for the silence positions they
-are the same on every pass: here they are projected once, at start-up, and a pass
-projects only its own audio's positions (~150 for 3 s).
+The ASR pass (`models.asr_runner`) encodes only the utterance and completes the encoder
+output to Whisper's 1,500 positions with the states of 30 s of silence. CTranslate2's
+decoder projects all 1,500 positions to cross-attention keys and values on every pass,
+and that projection is most of a short utterance's decode (figures: docs/performance.md,
+"Our own Whisper decoder"). Those keys and values depend only on the encoder states, so
+for the silence positions they are the same on every pass: here they are projected
+once, at start-up, and a pass projects only its own audio's positions (~150 for 3 s).
 
 It also takes the whole prompt (previous text, task tokens and the committed words
 forced as prefix) in one forward pass; CTranslate2 forces a prefix one decoder step per
@@ -20,8 +19,9 @@ probability at the start-of-transcript position. The weights are the model's own
 (float16 in ``model.bin``), computed in float32.
 
 Each step's best token is the float32 logits' argmax, found reading the vocabulary
-projection as int8 (`models.int8_argmax`): in float32 that projection read 80 MB a
-token, ~60% of a pass.
+projection as int8 (`models.int8_argmax`): in float32 that projection reads 80 MB a
+token, the largest part of a pass (docs/performance.md, "The vocabulary projection read
+as int8").
 """
 
 from __future__ import annotations
@@ -126,12 +126,10 @@ def _layer_norm(x: Array, p: tuple[Array, Array]) -> Array:
 
 
 # Up to this many rows, a product with a weight matrix is one vector product per row:
-# OpenBLAS packs the matrix on every matrix product, which cost more than reading it once
-# a row. Measured here (one thread, AMD EPYC family 23 model 1, AVX2): 2 rows by the
-# 384 x 1152 weights 0.38 ms as a matrix product against 0.08 ms row by row, by the
-# vocabulary (384 x 51,864) 18.4 against 8.2 ms; 4 rows 18.5 against 16.3 ms; at 8 the
-# matrix product was ahead (22.4 against 33.4 ms). A batch of decoding rows is at most
-# `models.asr.MAX_BATCH` (4) windows.
+# OpenBLAS packs the matrix on every matrix product, which costs more than reading it
+# once a row for a few rows; at 8 the matrix product is ahead (figures:
+# docs/performance.md, "Where eight sessions spend the service's Python threads"). A
+# batch of decoding rows is at most `models.asr_queue.MAX_BATCH` (4) windows.
 ROW_BY_ROW = 4
 
 

@@ -135,7 +135,7 @@ def websocket_link(
     client found not reading), then the socket is aborted. aiohttp's own close would
     read on until the client's close frame: a client that reads nothing would hold it,
     and the socket, forever, and a fast client's backlog would be drained without
-    yielding to the loop."""
+    yielding to the loop (figures: docs/performance.md, "Realtime transport")."""
 
     async def close_socket() -> None:
         if not link.stalled and not ws.closed:
@@ -163,8 +163,9 @@ async def send_all(outbox: Outbox[T], send: Callable[[T], Awaitable[None]]) -> N
     """A writer task: the outbox's messages to the connection, in order, as they come.
 
     It yields to the loop every `SLICE_S`: a backlog of reply audio, each message
-    compressed as it goes, would otherwise go out in one step. A client that vanishes while it is sent to is a
-    normal end: its reader sees the connection end too, and the link closes."""
+    compressed as it goes, would otherwise go out in one step (figures:
+    docs/performance.md, "Realtime transport"). A client that vanishes while it is sent
+    to is a normal end: its reader sees the connection end too, and the link closes."""
     slice_end = time.monotonic() + SLICE_S
     with contextlib.suppress(ConnectionError):
         while True:

@@ -5,8 +5,9 @@ base64 audio, in the client's input format (``audio/pcm`` at 24 kHz, ``audio/pcm
 `MAX_BUFFER_S`, since the session hears none of it before.
 
 A long append is decoded off the event loop (`THREAD_APPEND_CHARS`): the loop serves
-every other session meanwhile. Appends are handled one at a time, so the resampler,
-which keeps state between appends, is only ever used by one of them.
+every other session meanwhile (figures: docs/performance.md, "Realtime transport").
+Appends are handled one at a time, so the resampler, which keeps state between
+appends, is only ever used by one of them.
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ A frame over ``max_message_bytes`` (1 MiB by default: 16 s of 24 kHz PCM in one 
 is refused by the WebSocket itself from its header, before any of it is buffered:
 close 1009. Longer recordings go in several appends, or the operator raises
 ``max_message_bytes``; aiohttp unmasks and decodes a frame in one go on the event loop,
-and the limit bounds that too. Text that is not UTF-8: close 1007.
+and the limit bounds that too (figures: docs/performance.md, "Realtime transport").
+Text that is not UTF-8: close 1007.
 """
 
 from __future__ import annotations
