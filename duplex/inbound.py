@@ -151,6 +151,10 @@ class Inbound:
         i = bisect.bisect_left(self._arrivals, position, key=lambda arrival: arrival[0])
         return self._arrivals[i][1] if i < len(self._arrivals) else time.monotonic()
 
+    def echoing(self, at: float) -> bool:
+        """Audio arriving at ``at`` may hold the echo of what was sent (`EchoGate.active`)."""
+        return self.echo.active(at)
+
     def level(self, samples: Int16Array) -> tuple[float, float]:
         """The level of a frame (dBFS), and the room's: the quietest of the last 100 frames
         (2 s) measured here."""

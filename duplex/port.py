@@ -107,6 +107,4 @@ class SessionPort(Protocol):
         open (a Realtime client joined to a phone call), while the session's own
         transport carries its audio. None, and not told, when ``limit`` watchers are told
         already. A watcher runs in the session's tasks: it may not block, nor raise."""
-        # TEMPORARY (issue 46, item 3): a body, not `...`, until Session implements this
-        # (duplex/session_watch.py): mypy takes a protocol member without one as abstract.
-        return None
+        ...

@@ -32,12 +32,14 @@ from typing import Protocol
 from audio_io.ledger import PlayoutLedger, TextMark
 from audio_io.pacer import Pacer
 from duplex import events as ev
+from duplex import metrics
 from duplex.echo import EchoGate
 from duplex.echo_canceller import EchoCanceller
 from duplex.events import Event, SessionError
-from duplex.state import Lifecycle
 from duplex.port import Sink
+from duplex.state import Lifecycle
 from duplex.turn import TurnTimes
+from models.conversation import TurnStats
 from models.llm import LlmError
 from models.llm_types import LlmUnavailable
 from models.tts import TtsStream, WordMark
@@ -104,8 +106,10 @@ class Reply:
         out: Outlet,
         host: ReplyHost,
         held: bool = False,
+        session_id: str = "",
     ) -> None:
         self.id = id
+        self.session_id = session_id
         self.item_id = item_id
         self.user_text = user_text  # what it answers
         self.times = times
@@ -124,6 +128,8 @@ class Reply:
         self._ledger = out.ledger
         self._host = host
         self._abort: Callable[[], Awaitable[None]] | None = None
+        # its latency breakdown and prompt figures, once its first audio left (`report`)
+        self._unreported: tuple[dict[str, float], TurnStats] | None = None
         if held:
             self.pacer.pause()
 
@@ -280,6 +286,27 @@ class Reply:
             self.to(ReplyState.DONE)
         else:
             self.to(ReplyState.DROPPED if self.held else ReplyState.CUT)
+
+    def report(self, stats: TurnStats | None = None) -> None:
+        """Its figures, told once: the latency breakdown as at its first audio (then with
+        its prompt's ``stats``), and the prompt's figures once they are the LLM's own (a
+        remote LLM says what its cache held with the request's last words; a reply
+        stopped before them reports the estimate `TurnStats` kept)."""
+        if stats is not None:
+            self._unreported = (self.times.breakdown_ms(), stats)
+        if self._unreported is None or not (self._unreported[1].settled or self.words_ended):
+            return
+        breakdown, stats = self._unreported
+        self._unreported = None
+        tokens: dict[str, float] = {
+            "prompt_tokens": stats.prompt_tokens,
+            "cached_tokens": stats.cached_tokens,
+        }
+        if self.times.end_of_turn_score is not None:
+            tokens["end_of_turn_score"] = round(self.times.end_of_turn_score, 4)
+        metrics.observe_turn(breakdown, stats.prompt_tokens, stats.cached_tokens)
+        log.info("session %s: %s began", self.session_id, self.id, extra={"fields": breakdown | tokens})
+        self._out.sink.event(Event(ev.METRICS, {"response_id": self.id, **breakdown, **tokens}))
 
     def said_lately(self, seconds: float) -> str:
         """Its words sent in the last ``seconds``: what its echo would say."""

@@ -26,10 +26,10 @@ from collections.abc import Iterator
 from duplex import metrics
 from duplex.engines import Engines
 from duplex.events import SessionError
+from duplex.port import SessionPort, Sink, Voice
 from duplex.session import Session
 from duplex.session_config import SessionConfig
 from duplex.supervise import every
-from duplex.port import SessionPort, Sink, Voice
 
 log = logging.getLogger("duplex.sessions")
 

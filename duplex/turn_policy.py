@@ -227,3 +227,32 @@ def should_speculate(
 ) -> bool:
     """The caller paused: begin the reply to their words so far, silently?"""
     return speculative_replies and answer_turns and not interrupting and not reply_in_progress
+
+
+def in_pause(paused: bool, pause: int | None, judged_at: int | None) -> bool:
+    """Do words or a judgement taken at the pause that began at ``judged_at`` still hold?
+    Only while the caller is in that same pause (``paused``: the VAD has announced the
+    pause it is in, which began at ``pause``): a caller who spoke on began another."""
+    return paused and judged_at is not None and pause == judged_at
+
+
+def turn_over(needed_ms: int, vad_silence_ms: int, silence_ms: float, judging_echo: bool) -> bool:
+    """The caller has been silent ``silence_ms`` in a pause after judged words, which end
+    the turn after ``needed_ms`` (`silence_to_end`): is the turn over, sooner than the
+    VAD's own silence (``vad_silence_ms``) would end it? Never while speech over the reply
+    (an interruption, or its echo) is being judged (``judging_echo``): that waits for the VAD."""
+    return not judging_echo and needed_ms < vad_silence_ms and silence_ms >= needed_ms
+
+
+def restart_at(caller_start: int, utterance_start: int, ignoring: bool, preroll: int) -> int | None:
+    """The caller's voice rose over the echo (from ``caller_start``, its preroll included)
+    in an utterance the VAD began at ``utterance_start``: where its transcription must
+    begin again, or None if it already begins in the right place. An utterance that began
+    with echo begins again where the caller does; one whose start was the caller's but was
+    taken for echo, and not transcribed (``ignoring``), begins again at its own start,
+    with the listener's ``preroll``."""
+    if caller_start > utterance_start:
+        return caller_start
+    if ignoring:
+        return utterance_start - preroll
+    return None

@@ -76,6 +76,43 @@ class Listener:
         return pause if self.speaking and pause is not None else self._end
 
     @property
+    def pause(self) -> int | None:
+        """Where the pause the VAD is in began (None outside one)."""
+        return self.vad.pause
+
+    @property
+    def vad_config(self) -> VadConfig:
+        return self.vad.config
+
+    @vad_config.setter
+    def vad_config(self, config: VadConfig) -> None:
+        self.vad.config = config
+
+    @property
+    def min_silence_ms(self) -> int:
+        """The silence that ends an utterance, unless a pause is held longer (`hold_pause`)."""
+        return self.vad.config.min_silence_ms
+
+    @property
+    def word_times(self) -> bool:
+        """Final results carry their words' times."""
+        return self.asr.word_times
+
+    @word_times.setter
+    def word_times(self, on: bool) -> None:
+        self.asr.word_times = on
+
+    def hold_pause(self, pause: int, silence_ms: int) -> None:
+        """The pause that began at ``pause`` ends the utterance only after ``silence_ms``."""
+        self.vad.hold_pause(pause, silence_ms)
+
+    async def speculative(self) -> str | None:
+        """The words of the utterance up to the pause the VAD is in, once its pass (the
+        final's, if the utterance ends in this pause) has run; None if there is none, or
+        it was dropped because the caller went on."""
+        return await self.asr.speculative()
+
+    @property
     def paused(self) -> bool:
         """In an utterance, in a pause the VAD has announced (speech may still resume)."""
         return self.speaking and self.vad.pause is not None and self.vad.pause_announced

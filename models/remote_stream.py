@@ -12,18 +12,30 @@ chunk's prompt will carry); a chunk that did not (stopped, failed) ends the stre
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from models.llm_types import Delta, LlmError
 
-if TYPE_CHECKING:
-    from models.remote_llm import RemoteLlm
+
+class Completions(Protocol):
+    """What a stream asks of the service's client (`models.remote_llm.RemoteLlm`)."""
+
+    def complete(
+        self,
+        request_id: str,
+        session_key: str,
+        prompt: list[int],
+        max_tokens: int,
+        ignore_eos: bool,
+        wire_id: str | None = None,
+        logprobs_of: list[int] | None = None,
+    ) -> AsyncIterator[Delta]: ...
 
 
 class RemoteStream:
     """A session's chunks as requests on the growing prefix (`models.llm_backend`)."""
 
-    def __init__(self, backend: RemoteLlm, request_id: str, session_key: str) -> None:
+    def __init__(self, backend: Completions, request_id: str, session_key: str) -> None:
         self.backend = backend
         self.request_id = request_id
         self.session_key = session_key

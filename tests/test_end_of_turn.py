@@ -111,7 +111,9 @@ async def test_a_pause_the_llm_could_not_judge_in_time_ends_on_silence_with_its_
     caller = VirtualCaller()
     session = Session(engines, caller, SessionConfig())
     await session.start()
-    session._judging_ms = slow = 10_000.0  # as if judgements took longer than any silence
+    turns = session._turns
+    assert turns is not None
+    turns._judging_ms = slow = 10_000.0  # as if judgements took longer than any silence
     try:
         await caller.play(session, [Silence(0.3), Speak(question), UntilReplyDone(timeout=30, after=0.3)])
     finally:
@@ -119,7 +121,7 @@ async def test_a_pause_the_llm_could_not_judge_in_time_ends_on_silence_with_its_
     (metrics,) = caller.of_type(ev.METRICS)
     assert "end_of_turn_score" not in metrics.data and "end_of_turn_score_ms" not in metrics.data
     assert metrics.data["silence_waited_ms"] == session.config.end_of_turn_ms
-    assert session._judging_ms < slow  # each pause not judged lowers the figure
+    assert turns._judging_ms < slow  # each pause not judged lowers the figure
     assert "Paris" in "".join(e.data["delta"] for e in caller.of_type(ev.TEXT_DELTA))
     (turn,) = session.conversation.turns  # the reply prepared in the pause, released: once
     assert "France" in turn.user_text, turn.user_text

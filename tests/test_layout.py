@@ -5,12 +5,10 @@ name too). audio_io/_proto is left out: protoc's stubs, generated into a checkou
 
 - the project's modules import one another without a cycle, imports under TYPE_CHECKING
   counted: the arrows point down (STYLE.md 11; a lower layer that needs a higher one
-  names a Protocol). Two cycles are known (`KNOWN_CYCLES`): a test fails on any other
-  now, and a strict xfail on all of them says when the known ones are gone;
+  names a Protocol);
 - the runtime never imports `benchmarks` or `tests`, which the wheel does not ship;
 - the runtime never touches ``sys.path``: what it imports, it imports as installed;
-- the modules stay small (STYLE.md 1), the session controller smaller (STYLE.md 14):
-  a strict xfail while the long ones are being split (issue 46);
+- the modules stay small (STYLE.md 1), the session controller smaller (STYLE.md 14);
 - the wheel's packages are the runtime's only.
 """
 
@@ -26,8 +24,6 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent.parent
 RUNTIME = ("duplex", "models", "audio_io")
 GENERATED = ROOT / "audio_io" / "_proto"
@@ -35,15 +31,6 @@ NOT_RUNTIME = ("benchmarks", "tests")  # harnesses and measurements: the checkou
 MAX_LINES = 450
 MAX_LINES_SESSION = 400  # duplex/session.py: a controller stays a controller
 SESSION = ROOT / "duplex" / "session.py"
-# Cycles there are today, each a known debt: `test_no_import_cycle_among_the_projects_modules`,
-# a strict xfail, passes when all are gone; then this list goes, and so does that xfail.
-KNOWN_CYCLES = [
-    # being broken (issue 46)
-    ["duplex.transports.realtime", "duplex.transports.realtime_join", "duplex.transports.realtime"],
-    # 0882178: RemoteStream names RemoteLlm for typing only; a Protocol of what it
-    # calls on the client would point the arrow one way (STYLE.md 11)
-    ["models.remote_llm", "models.remote_stream", "models.remote_llm"],
-]
 
 
 @dataclass(frozen=True)
@@ -245,13 +232,6 @@ def test_the_cycle_finder_finds_a_cycle_and_its_path():
     assert cycles({"a": {"b"}, "b": set()}) == []
 
 
-def test_no_import_cycle_but_the_known_one():
-    graph = import_graph()
-    found = [cycle for cycle in cycles(graph) if cycle not in KNOWN_CYCLES]
-    assert not found, "import cycles (the arrows must point one way):\n" + describe_all(found, graph)
-
-
-@pytest.mark.xfail(strict=True, reason="issue 46: the known import cycles (KNOWN_CYCLES) are being broken")
 def test_no_import_cycle_among_the_projects_modules():
     graph = import_graph()
     found = cycles(graph)
@@ -300,7 +280,6 @@ def test_the_runtime_leaves_sys_path_alone():
     assert not wrong, "\n".join(wrong)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 46: long modules are being split")
 def test_no_module_is_long():
     lines = {m.where: len(m.source.splitlines()) for m in runtime_modules().values()}
     limits = {where: MAX_LINES_SESSION if ROOT / where == SESSION else MAX_LINES for where in lines}

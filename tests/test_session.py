@@ -156,7 +156,22 @@ async def test_barge_in_cuts_the_reply_to_what_was_heard(engines, tts_engine):
     assert session.barge_ins == 1
 
 
-async def test_the_assistants_own_echo_does_not_interrupt_it(engines, tts_engine):
+def echo_heard(monkeypatch) -> list[bool]:
+    """Each `Listener.ignore` call (the session took an utterance for the reply's echo):
+    was the VAD in an utterance? True ones show the echo reached the VAD as speech."""
+    ignored: list[bool] = []
+    real_ignore = Listener.ignore
+
+    def ignore(listener):
+        ignored.append(listener.speaking)
+        real_ignore(listener)
+
+    monkeypatch.setattr(Listener, "ignore", ignore)
+    return ignored
+
+
+async def test_the_assistants_own_echo_does_not_interrupt_it(engines, tts_engine, monkeypatch):
+    heard = echo_heard(monkeypatch)
     caller = VirtualCaller(echo_db=-20, echo_delay_s=0.15)
     ask = speech(tts_engine, "Please tell me a short story about a cat.")
     session, caller = await converse(
@@ -166,6 +181,7 @@ async def test_the_assistants_own_echo_does_not_interrupt_it(engines, tts_engine
     assert done.data["status"] == "completed"
     assert session.barge_ins == session.resumes == session.false_alarms == 0
     assert not caller.flushes
+    assert any(heard)  # the echo did reach the VAD as speech, and was judged the echo
 
 
 async def test_the_echo_is_not_transcribed_and_a_caller_over_it_is(engines, tts_engine, monkeypatch):
@@ -179,15 +195,8 @@ async def test_the_echo_is_not_transcribed_and_a_caller_over_it_is(engines, tts_
         submitted.append(time.monotonic())
         return real_submit(stream, position, final)
 
-    ignored: list[bool] = []  # Listener.ignore calls: in an utterance?
-    real_ignore = Listener.ignore
-
-    def ignore(listener):
-        ignored.append(listener.speaking)
-        real_ignore(listener)
-
     monkeypatch.setattr(AsrStream, "_submit", submit)
-    monkeypatch.setattr(Listener, "ignore", ignore)
+    ignored = echo_heard(monkeypatch)
     ask = speech(tts_engine, "Please tell me a long story about a brave little dragon.")
     stop = speech(tts_engine, "Stop please. What is two plus two?")
     session, caller = await converse(
@@ -303,7 +312,8 @@ async def test_a_click_over_the_reply_pauses_it_only_briefly(engines, tts_engine
     assert times[-1] > times[k + 1]  # and the reply carried on
 
 
-async def test_echo_never_interrupts_over_20_replies(engines, tts_engine):
+async def test_echo_never_interrupts_over_20_replies(engines, tts_engine, monkeypatch):
+    heard = echo_heard(monkeypatch)
     questions = [
         speech(tts_engine, q) for q in ("Name a color.", "Name a fruit.", "Name an animal.", "Say hi.")
     ]
@@ -320,6 +330,7 @@ async def test_echo_never_interrupts_over_20_replies(engines, tts_engine):
     done = caller.of_type(ev.RESPONSE_DONE)
     assert len(done) == 20 and all(d.data["status"] == "completed" for d in done)
     assert session.barge_ins == session.resumes == session.false_alarms == 0 and not caller.flushes
+    assert sum(heard) >= 5  # the echo reached the VAD as speech over several replies, and was judged so
 
 
 async def test_a_caller_silent_for_60_s_then_talking_for_60_s(engines, speech_set):

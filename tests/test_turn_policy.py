@@ -20,15 +20,18 @@ from duplex.turn_policy import (
     Turn,
     Verdict,
     finished_turn,
+    in_pause,
     is_backchannel,
     is_echo_of,
     judge_interruption,
     judgement_in_time,
     judging_ms,
     quick_pause,
+    restart_at,
     should_speculate,
     silence_to_end,
     speech_over_reply,
+    turn_over,
 )
 from models.vad import VadConfig
 
@@ -285,3 +288,51 @@ def test_the_pause_that_starts_the_turns_judgement_comes_before_the_shortest_sil
     assert SessionConfig(end_of_turn_ms=200, end_of_turn_by_meaning=False).vad(base).pause_ms == 192
     assert SessionConfig(end_of_turn_by_meaning=False).vad(base).pause_ms == base.pause_ms
     assert SessionConfig(end_of_turn_ms=300, complete_turn_ms=1000).vad(base).min_silence_ms == 300
+
+
+@pytest.mark.parametrize(
+    ("paused", "pause", "judged_at", "holds"),
+    [
+        (True, 8000, 8000, True),  # the same pause
+        (True, 9600, 8000, False),  # the caller spoke on, and paused again
+        (False, 8000, 8000, False),  # the pause is not announced yet, or the utterance ended
+        (True, None, 8000, False),
+        (True, 8000, None, False),  # nothing was judged
+    ],
+)
+def test_words_and_judgements_hold_only_in_their_own_pause(
+    paused: bool, pause: int | None, judged_at: int | None, holds: bool
+) -> None:
+    assert in_pause(paused, pause, judged_at) is holds
+
+
+@pytest.mark.parametrize(
+    ("needed", "vad", "silence", "echo", "over"),
+    [
+        (250, 500, 250.0, False, True),  # finished words: the short silence has run
+        (250, 500, 230.0, False, False),  # not yet
+        (500, 500, 600.0, False, False),  # no shorter than the VAD's own: the VAD ends it
+        (800, 500, 900.0, False, False),  # unfinished words: the VAD waits longer (held pause)
+        (250, 500, 400.0, True, False),  # speech over the reply, or its echo: the VAD decides
+    ],
+)
+def test_the_turn_is_over_after_the_silence_its_words_need(
+    needed: int, vad: int, silence: float, echo: bool, over: bool
+) -> None:
+    assert turn_over(needed, vad, silence, echo) is over
+
+
+@pytest.mark.parametrize(
+    ("caller_start", "utterance_start", "ignoring", "restart"),
+    [
+        (12000, 8000, False, 12000),  # the utterance began with echo: from the caller's voice
+        (12000, 8000, True, 12000),
+        (6400, 8000, True, 8000 - 4800),  # its start was the caller's, taken for echo: from it
+        (6400, 8000, False, None),  # transcribed from its start already
+        (8000, 8000, False, None),
+    ],
+)
+def test_where_an_utterance_over_the_echo_is_transcribed_from(
+    caller_start: int, utterance_start: int, ignoring: bool, restart: int | None
+) -> None:
+    assert restart_at(caller_start, utterance_start, ignoring, preroll=4800) == restart

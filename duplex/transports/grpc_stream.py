@@ -45,11 +45,11 @@ from audio_io.grpc_codec import FormatError, WireFormat
 from audio_io.outbox import Outbox
 from duplex import events as ev
 from duplex.events import Event, SessionError
+from duplex.port import SessionPort
 from duplex.session_config import SessionConfig
 from duplex.sessions import Sessions
 from duplex.transports.link import Link
 from duplex.transports.output import Cursor, OutputStage
-from duplex.port import SessionPort
 
 log = logging.getLogger("duplex.grpc")
 

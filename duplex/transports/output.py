@@ -16,7 +16,6 @@ queued and what a barge-in drops are the same for all of them.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -78,8 +77,6 @@ class OutputStage(Generic[T]):
         self._frames = FrameResampler(wire.rate)
         self.cursor = Cursor()
         self.closed = False  # the connection is gone: nothing more is queued
-        # others told of each event too (a Realtime client joined to a call: ?call_id=); none may block
-        self.watchers: list[Callable[[Event], None]] = []
 
     def audio(self, frame: AudioFrame, response_id: str) -> None:
         if self.closed:
@@ -93,8 +90,6 @@ class OutputStage(Generic[T]):
     def event(self, event: Event) -> None:
         if self.closed:
             return
-        for watch in list(self.watchers):
-            watch(event)
         try:
             messages = self.wire.event(event)
         except (KeyError, TypeError, ValueError):  # a bug here must not break the session's tasks

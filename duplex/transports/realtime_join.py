@@ -30,11 +30,9 @@ from aiohttp import WSCloseCode, web
 
 from duplex.config import Config
 from duplex.events import Event
-from duplex.port import SessionPort, Unwatch, Watcher
 from duplex.session_config import MAX_SYSTEM_PROMPT
 from duplex.sessions import Sessions
 from duplex.transports.link import send_all, websocket_link
-from duplex.transports.output import OutputStage
 from duplex.transports.realtime_client import RealtimeConnection, read
 from duplex.transports.realtime_config import RealtimeError, RealtimeSessionConfig
 from duplex.transports.realtime_events import RealtimeWire
@@ -53,25 +51,6 @@ async def _refuse(ws: web.WebSocketResponse, error: RealtimeError) -> web.WebSoc
 
 async def _goes_on() -> None:
     """The call is not this client's to close."""
-
-
-def _watch(session: SessionPort, watcher: Watcher, limit: int) -> Unwatch | None:
-    """`SessionPort.watch`, through a TEMPORARY adapter (issue 46, item 3): until Session
-    implements it (duplex/session_watch.py), a call's watchers are its OutputStage's, as
-    before. Once it does, this function and the OutputStage import go, and `join` calls
-    ``session.watch(watch, MAX_JOINED)``."""
-    if type(session).watch is not SessionPort.watch:
-        return session.watch(watcher, limit)
-    stage = getattr(session, "sink", None)
-    if not isinstance(stage, OutputStage) or len(stage.watchers) >= limit:
-        return None
-    stage.watchers.append(watcher)
-
-    def unwatch() -> None:
-        if watcher in stage.watchers:
-            stage.watchers.remove(watcher)
-
-    return unwatch
 
 
 async def join(
@@ -96,7 +75,7 @@ async def join(
         except (KeyError, TypeError, ValueError):  # a bug here must not break the call's tasks
             log.exception("realtime %s: no event for %s", session.id, event.type)
 
-    unwatch = _watch(session, watch, MAX_JOINED)
+    unwatch = session.watch(watch, MAX_JOINED)
     if unwatch is None:
         return await _refuse(
             ws,

@@ -50,11 +50,11 @@ from audio_io.outbox import Outbox
 from duplex import events as ev
 from duplex.config import Config
 from duplex.events import Event, SessionError
+from duplex.port import SessionPort
 from duplex.session_config import SessionConfig
 from duplex.sessions import Sessions
 from duplex.transports.link import Link
 from duplex.transports.output import Cursor, OutputStage
-from duplex.port import SessionPort
 
 log = logging.getLogger("duplex.twilio")
 
