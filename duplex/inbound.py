@@ -175,9 +175,9 @@ class Inbound:
         back as `ECHO_CHECK_SAMPLES`; the window ``start`` falls in counts from ``start``)
         that is louder, in either band, than the reply's echo could be: than the loudest
         audio sent from 0.4 s before ``start`` until now, less the suppression (the test
-        the quick pause makes on each frame). A reference per 20 ms window (0.4 s before
-        its own arrival), tried, let the reply's echo interrupt it: 10 false
-        interruptions in 16 barge-ins with echo. None if all of it may be echo."""
+        the quick pause makes on each frame): one reference for the whole stretch, since
+        a reference per 20 ms window lets the reply's echo interrupt it (figures:
+        docs/performance.md, "Duplex runtime"). None if all of it may be echo."""
         windows = [window for window in self._judged if window[0] + LEVEL_WINDOW > start]
         if not windows:
             return None

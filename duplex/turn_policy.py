@@ -1,7 +1,7 @@
 """Turn-taking decisions as pure functions: inputs in (words, levels, times, settings),
 a verdict out. No session, no models, no clock (times are passed in), so each is tested
-in milliseconds on a table of cases (tests/test_turn_policy.py); `duplex.session`
-gathers the inputs and acts on the verdicts.
+in milliseconds on a table of cases (tests/test_turn_policy.py); `duplex.turn_taking`
+gathers the inputs and acts on the verdicts (through the session).
 
 The rules. The end of the caller's turn is a pause whose length depends on how finished
 the LLM judges the words before it (`silence_to_end`): short after a finished turn

@@ -288,11 +288,15 @@ async def test_a_full_context_is_made_room_for_while_the_caller_speaks(llm_engin
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def small_engine(llm_engine):
-    """A second engine whose KV cache holds only 1,280 tokens: memory pressure on demand."""
+    """A second engine whose KV cache holds only 1,280 tokens: memory pressure on demand.
+    Eager: its shapes (a 1,024-token context) are not the session engine's, so compiled it
+    would pay a cold compile of its own, for a test of the KV's bookkeeping."""
     from models.llm import LlmConfig, LlmEngine
 
     engine = LlmEngine(
-        LlmConfig(model=llm_engine.config.model, max_model_len=1024, max_tokens=24, kv_blocks=40)
+        LlmConfig(
+            model=llm_engine.config.model, max_model_len=1024, max_tokens=24, kv_blocks=40, enforce_eager=True
+        )
     )
     await engine.start()
     yield engine
