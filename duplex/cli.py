@@ -235,7 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(example() if args.example else render(config, "as loaded"), end="")
             return 0
         if args.command == "bench":
-            return _bench(argv[argv.index("bench") + 1 :])
+            return _bench(argv[1:])  # (no option comes before the command but --version, which exits)
         return _prepare(config, cache_dir, args)
     except ModelNotFoundError as e:
         return _fail(str(e))

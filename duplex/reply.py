@@ -141,6 +141,11 @@ class Reply:
     def state(self) -> ReplyState:
         return self._lifecycle.state
 
+    @property
+    def begun(self) -> bool:
+        """Its audio has begun to go out (not merely being thought)."""
+        return self.times.first_sent is not None
+
     def to(self, new: ReplyState) -> bool:
         """Move to `new`; True if the state changed. A move the table forbids is a bug."""
         return self._lifecycle.to(new)

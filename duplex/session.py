@@ -225,7 +225,7 @@ class Session(SessionPort):
         self._vad_config = self.config.vad(self._vad_config)
         if self._listener is not None:
             self._listener.vad_config = self.config.vad(self._listener.vad_config)
-            self._quick_onsets(self._reply is not None and self._reply.times.first_sent is not None)
+            self._quick_onsets(self._reply is not None and self._reply.begun)
             self._listener.word_times = self.config.word_times
 
     def set_instructions(self, instructions: str | None) -> None:

@@ -110,7 +110,7 @@ class TurnTaking:
     def _playing(self) -> ReplyView | None:
         """The reply whose audio has begun to go out (not one merely being thought)."""
         reply = self.host.reply
-        return reply if reply is not None and reply.times.first_sent is not None else None
+        return reply if reply is not None and reply.begun else None
 
     def _quick_pause(self, residual: Int16Array, since: float) -> None:
         """While the reply plays, a loud frame pauses it before the VAD can tell

@@ -239,9 +239,11 @@ def test_no_import_cycle_among_the_projects_modules():
 
 
 def test_the_runtime_imports_no_benchmark_and_no_test():
+    modules = runtime_modules().values()
+    assert len(modules) > 50 and sum(len(imports(m)) for m in modules) > 500  # the walk read them
     wrong = [
         f"{module.where}:{imported.line} imports {imported.names[-1]}"
-        for module in runtime_modules().values()
+        for module in modules
         for imported in imports(module)
         if imported.names[-1].split(".")[0] in NOT_RUNTIME
     ]
@@ -253,7 +255,9 @@ def test_the_runtime_leaves_sys_path_alone():
     ``site.addsitedir``: the runtime imports what is installed, never a checkout's
     other directories by path."""
     wrong = []
-    for module in runtime_modules().values():
+    modules = runtime_modules().values()
+    assert len(modules) > 50  # the walk read them
+    for module in modules:
         tree = _tree(module)
         sys_names = {"sys"}
         for node in ast.walk(tree):
@@ -282,6 +286,7 @@ def test_the_runtime_leaves_sys_path_alone():
 
 def test_no_module_is_long():
     lines = {m.where: len(m.source.splitlines()) for m in runtime_modules().values()}
+    assert len(lines) > 50 and str(SESSION.relative_to(ROOT)) in lines  # read them, the session's too
     limits = {where: MAX_LINES_SESSION if ROOT / where == SESSION else MAX_LINES for where in lines}
     long = {where: n for where, n in lines.items() if n > limits[where]}
     assert not long, "modules over their limit (lines; 450, duplex/session.py 400):\n" + "\n".join(

@@ -37,7 +37,7 @@ from duplex.metrics import LoopLag
 from duplex.sessions import Sessions
 from duplex.transports.sip import ACK_TIMEOUT_S, BAD_SIP, SipListener
 from duplex.transports.sip_call import SipCall
-from duplex.transports.sip_media import RTP_DROPPED, RtpWire
+from duplex.transports.sip_media import RTP_DROPPED, RtpWire, heard_from
 from tests.conftest import speech
 
 QUESTION = "What is the largest ocean on Earth?"
@@ -242,7 +242,7 @@ def test_media_goes_to_the_caller_and_rtp_is_latched_to_its_source():
     assert listener._media_host("127.0.0.1", "127.0.0.1") == "127.0.0.1"
     gateway = SipListener(Config(sip_allow="10.0.0.0/8"), Sessions(1, 60))
     assert gateway._media_host("10.0.0.5", "127.0.0.1") == "10.0.0.5"  # an allow-listed media host
-    heard = SipListener._heard_from
+    heard = heard_from
     # behind NAT: the SDP names a private address; the caller's RTP comes from its NAT's port
     natted = call_from(("203.0.113.5", 5060), sip.Offer("192.168.1.20", 4000, (0,), 101))
     natted.media = ("203.0.113.5", 4000)

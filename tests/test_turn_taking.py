@@ -170,6 +170,10 @@ class Reply:
     def held(self) -> bool:
         return self.state is ReplyState.HELD
 
+    @property
+    def begun(self) -> bool:
+        return self.times.first_sent is not None
+
     def pause(self) -> None:
         if self.state is ReplyState.PLAYING:
             self.state = ReplyState.PAUSED

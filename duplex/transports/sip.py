@@ -67,7 +67,7 @@ from duplex.transports.sip_call import (
     bye_request,
     ok_headers,
 )
-from duplex.transports.sip_media import RATE, RtpWire, close_rtp, heard_from, media_host, open_rtp, send_rtp
+from duplex.transports.sip_media import RATE, RtpWire, close_rtp, media_host, open_rtp, send_rtp
 
 log = logging.getLogger("duplex.sip")
 
@@ -172,8 +172,6 @@ class SipListener:
         """Where a call's media goes (`sip_media.media_host`): an address in its SDP only
         if that is the caller's own or on the allow-list."""
         return media_host(offered, caller, lambda host: bool(self.allow) and self._allowed(host))
-
-    _heard_from = staticmethod(heard_from)  # where tests/test_sip.py reaches `sip_media.heard_from`
 
     def _datagram(self, data: bytes, addr: tuple[str, int]) -> None:
         if not self._allowed(addr[0]):
