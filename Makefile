@@ -156,8 +156,10 @@ lint: setup-test
 typecheck: setup-test
 	$(VENV)/bin/mypy
 
+# two lanes at once: the paced tests, and beside them at idle priority the ones marked
+# `background` (tests/lanes.py); plain `.venv/bin/pytest` runs them all in one process
 pytest: setup-test
-	$(VENV)/bin/pytest -ra --durations=30
+	$(PY) -m tests.lanes
 
 clean-venv:
 	rm -rf $(VENV)

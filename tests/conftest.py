@@ -22,6 +22,17 @@ def offline_env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In make test's background lane (tests/lanes.py): the modules that use the session's
+    vLLM engine last, so that it starts once the lane's builds and conversions are done
+    (one engine fewer in memory beside theirs) and, on a cold compile cache, after the
+    paced lane's engine has compiled the shapes they share. Modules stay whole."""
+    if config.option.markexpr != "background and not paced":
+        return
+    engine_modules = {item.module.__name__ for item in items if "llm_engine" in item.fixturenames}  # type: ignore[attr-defined]
+    items.sort(key=lambda item: item.module.__name__ in engine_modules)  # type: ignore[attr-defined]
+
+
 # -- real engines, one of each per test session (they are thread-based and loop-agnostic) --
 
 

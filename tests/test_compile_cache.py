@@ -15,6 +15,8 @@ import pytest
 
 from models import vllm_shims
 
+pytestmark = pytest.mark.background  # no pace: beside the paced tests in make test (tests/lanes.py)
+
 START = """
 import asyncio, json, time
 from models.cache import default_cache_dir

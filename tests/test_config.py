@@ -7,6 +7,8 @@ from duplex.cli import build_parser
 from duplex.config import FIELDS, Config, ConfigError, load_config
 from tests.conftest import duplex_command
 
+pytestmark = pytest.mark.background  # no pace: beside the paced tests in make test (tests/lanes.py)
+
 
 def test_defaults_bind_loopback():
     config = load_config(None, {}, {})

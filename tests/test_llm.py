@@ -12,7 +12,8 @@ from models.conversation import MAX_USER_CHARS, Conversation, Turn
 from models.kv_stream import KvStream
 from models.llm_types import LlmError
 
-pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
+# the engine's bookkeeping: no pace, so beside the paced tests in make test (tests/lanes.py)
+pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="session"), pytest.mark.background]
 
 BLOCK = 32  # the CPU KV cache's block: prefix reuse is this granular
 OMP_VARIABLES = ("OMP_NUM_THREADS", "OMP_PLACES", "OMP_PROC_BIND", "GOMP_CPU_AFFINITY", "KMP_AFFINITY")
@@ -136,6 +137,7 @@ async def test_a_revised_prefill_gives_the_same_reply_as_a_fresh_request(llm_eng
     assert revised.last.cached_tokens >= fresh.last.cached_tokens - BLOCK
 
 
+@pytest.mark.paced  # it times the abort: 10 ms
 async def test_abort_stops_the_stream_at_once_and_the_conversation_goes_on(llm_engine):
     conversation = Conversation(llm_engine)
     received = 0

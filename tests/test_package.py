@@ -38,7 +38,7 @@ from tests.conftest import REPO, free_port, speech
 
 # ~5 minutes on 2 idle cores; ~7.5 with the machine busy (the venv's first imports
 # compile their bytecode): more than the suite's default timeout allows for
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500), pytest.mark.background]
 
 WHEELHOUSE = Path(sys.prefix) / "wheelhouse"
 ARTIFACTS = REPO / "tests" / "artifacts"

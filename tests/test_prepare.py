@@ -12,6 +12,8 @@ from models.prepare import ModelChoice, prepare
 from models.quantize import QUANTIZATIONS
 from tests.conftest import duplex_command
 
+pytestmark = pytest.mark.background  # no pace: beside the paced tests in make test (tests/lanes.py)
+
 
 def test_every_bundled_model_is_found_in_its_package():
     for name, model in BUNDLED.items():

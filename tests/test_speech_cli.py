@@ -15,6 +15,8 @@ from benchmarks.speech_set import SENTENCES, wer
 from tests.audio_files import FORMATS, write_audio
 from tests.conftest import duplex_command
 
+# transcription needs no pace: its tests run beside the paced ones in make test
+# (tests/lanes.py); `duplex bench tts` reports a real-time factor, so it stays paced
 pytestmark = pytest.mark.slow
 
 
@@ -26,6 +28,7 @@ def run(
     )
 
 
+@pytest.mark.background
 def test_say_then_transcribe(tmp_path: Path, offline_env):
     out = tmp_path / "q.wav"
     text = "Could you tell me what the weather will be like tomorrow in Boston?"
@@ -39,6 +42,7 @@ def test_say_then_transcribe(tmp_path: Path, offline_env):
     assert wer([(text, heard.stdout)]) <= 0.1, heard.stdout
 
 
+@pytest.mark.background
 def test_transcribe_with_partials_streams_to_stderr(tmp_path: Path, offline_env, speech_set):
     gap = np.zeros(16000, np.int16)
     audio = np.concatenate([gap, speech_set[0].audio, gap, speech_set[4].audio, gap])
@@ -49,6 +53,7 @@ def test_transcribe_with_partials_streams_to_stderr(tmp_path: Path, offline_env,
     assert wer([(f"{SENTENCES[0]} {SENTENCES[4]}", result.stdout)]) <= 0.15, result.stdout
 
 
+@pytest.mark.background
 def test_a_ten_minute_wav_is_transcribed(tmp_path: Path, offline_env, speech_set):
     gap = np.zeros(8000, np.int16)
     one_pass = np.concatenate([np.concatenate([u.audio, gap]) for u in speech_set])
@@ -61,6 +66,7 @@ def test_a_ten_minute_wav_is_transcribed(tmp_path: Path, offline_env, speech_set
     assert "Boston" in result.stdout and "dragon" in result.stdout
 
 
+@pytest.mark.background
 @pytest.mark.parametrize("suffix", FORMATS)
 def test_transcribe_reads_the_formats_people_have(
     tmp_path: Path, offline_env, speech_set, asr_engine, suffix: str

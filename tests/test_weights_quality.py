@@ -5,6 +5,8 @@ import pytest
 
 from benchmarks.quality import PROMPTS, agreement, greedy_replies, looks_english
 
+pytestmark = pytest.mark.background  # no pace: beside the paced tests in make test (tests/lanes.py)
+
 
 def test_the_english_check_tells_english_from_other_text():
     assert looks_english("The capital of France is Paris.")

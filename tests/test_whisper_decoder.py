@@ -5,6 +5,8 @@ import pytest
 
 from models.asr_types import SAMPLE_RATE
 
+pytestmark = pytest.mark.background  # no pace: beside the paced tests in make test (tests/lanes.py)
+
 
 @pytest.fixture(scope="module")
 def reference(asr_engine):
