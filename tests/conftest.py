@@ -27,7 +27,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     vLLM engine last, so that it starts once the lane's builds and conversions are done
     (one engine fewer in memory beside theirs) and, on a cold compile cache, after the
     paced lane's engine has compiled the shapes they share. Modules stay whole."""
-    if config.option.markexpr != "background and not paced":
+    from tests.lanes import BACKGROUND
+
+    if config.option.markexpr != BACKGROUND:
         return
     engine_modules = {item.module.__name__ for item in items if "llm_engine" in item.fixturenames}  # type: ignore[attr-defined]
     items.sort(key=lambda item: item.module.__name__ in engine_modules)  # type: ignore[attr-defined]

@@ -17,6 +17,7 @@ temporary directory of its own. Plain ``pytest`` still runs everything in one pr
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -33,7 +34,7 @@ def lowest(pid: int) -> None:
     """The lane's process, and all it starts (servers, engines, pip, which inherit both):
     the idle scheduling class, in a session of its own whose autogroup has nice 19.
     The idle class alone is idle only against its own autogroup: with autogroups on (as
-    on our CI machines), a lane in make's session got a third of the CPU against two
+    on this project's machines), a lane in make's session got a third of the CPU against two
     busy loops in sessions of their own (Chromium, which Playwright starts detached, is
     one) whenever the paced pytest itself waited; 1.6% with its own niced autogroup."""
     os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
@@ -56,7 +57,7 @@ def main(args: list[str]) -> int:
             cwd=REPO,
             stdout=log,
             stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own autogroup (`lowest`); stopped below on Ctrl-C
+            start_new_session=True,  # its own autogroup (`lowest`), so Ctrl-C stops it below
         )
         lowest(background.pid)
         print(f"background lane: pid {background.pid}, output in {LOG.relative_to(REPO)}", flush=True)
@@ -65,8 +66,8 @@ def main(args: list[str]) -> int:
             paced_s = time.monotonic() - started
             waited = background.wait()
         finally:
-            if background.poll() is None:
-                background.terminate()
+            if background.poll() is None:  # the paced lane was stopped: the lane and its servers
+                os.killpg(background.pid, signal.SIGTERM)
                 background.wait()
     print(f"\n{'=' * 30} background lane {'=' * 30}", flush=True)
     sys.stdout.buffer.write(LOG.read_bytes())
