@@ -25,6 +25,11 @@ ERROR = "error"
 STATE = "duplex.state"  # the session's state machine moved
 RESUMED = "duplex.response.resumed"  # a false interruption: the reply goes on where it paused
 METRICS = "duplex.turn.metrics"  # per-turn latency breakdown
+# a reply's call of a client's function (duplex.tool_calls): call_id, call_index, then
+# name; delta; name and arguments (the function_call item's events in the Realtime API)
+CALL_ADDED = "response.output_item.added"
+CALL_DELTA = "response.function_call_arguments.delta"
+CALL_DONE = "response.function_call_arguments.done"
 DTMF = "input_audio_buffer.dtmf_event_received"  # the caller pressed a key (telephony): event, received_at
 
 

@@ -16,10 +16,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from audio_io.frame import AudioFrame, Int16Array
 from duplex.events import Event, SessionError
+from models.tools import Tool, ToolChoice
 
 
 @dataclass(frozen=True)
@@ -51,11 +52,31 @@ class Sink(Protocol):
     def end_reply(self, response_id: str, completed: bool) -> None: ...
 
 
+class Tools(Protocol):
+    """A session's tools, as its transport changes them (`duplex.tool_calls.ToolCalls`);
+    a bad value is a `SessionError`, and nothing changes."""
+
+    def parse(self, raw_tools: Any, raw_choice: Any = None) -> tuple[tuple[Tool, ...], ToolChoice]: ...
+
+    def declare(self, tools: tuple[Tool, ...], choice: ToolChoice) -> None: ...
+
+    def choose(self, raw_choice: Any) -> None:
+        """The next response's own ``tool_choice``."""
+
+    def result(self, call_id: Any, output: Any) -> None:
+        """A call's result: it opens the next turn."""
+
+    @property
+    def waiting(self) -> bool:
+        """Results wait for a response."""
+
+
 class SessionPort(Protocol):
     """What a transport may do with its session."""
 
     id: str
     closed: asyncio.Event  # set when the session has ended (idle timeout, shutdown)
+    tools: Tools
 
     @property
     def voice(self) -> Voice: ...

@@ -39,6 +39,7 @@ from duplex.reply import Outlet, Reply, gather_cancelled
 from duplex.session_config import SessionConfig, check_system_prompt
 from duplex.session_watch import WatchedSink
 from duplex.state import State, StateMachine
+from duplex.tool_calls import ToolCalls
 from duplex.turn import TurnTimes, UnansweredTurns
 from duplex.turn_ports import ReplyView
 from duplex.turn_taking import TurnTaking
@@ -62,6 +63,7 @@ class Session(SessionPort):
         self.id = f"sess_{next(self._ids)}"
         self.machine = StateMachine(self._on_state)
         self.conversation = Conversation(engines.llm, self.config.system_prompt)
+        self.tools = ToolCalls(self.conversation)  # the client's functions, their calls and results
         self.ledger = PlayoutLedger(engines.tts.sample_rate)
         self.echo = EchoGate(self.config.echo_suppression_db)
         canceller = EchoCanceller() if self.config.echo_cancellation else None
@@ -172,10 +174,10 @@ class Session(SessionPort):
         self._unanswered.add(text)
 
     async def respond(self) -> None:
-        """Answer the user turns not answered yet: those of `add_turn`, and those heard
-        while ``answer_turns`` is off. A reply in progress ends first (cut as heard)."""
+        """Answer what waits: user turns (`add_turn`'s, those heard while ``answer_turns``
+        is off) and tool results. A reply in progress ends first (cut as heard)."""
         self.touch()
-        if not self._unanswered:
+        if not self._unanswered and not self.tools.waiting:
             raise SessionError("no_input", "there is no new user input to respond to")
         await self.answer("", TurnTimes(final=time.monotonic()))
 
@@ -299,7 +301,7 @@ class Session(SessionPort):
         if not held:
             self.machine.to(State.RESPONDING)
         reply.emit(ev.RESPONSE_CREATED)
-        reply.start(self.conversation.reply(text, reply.id), self.conversation.abort)
+        reply.start(self.conversation.reply(text, reply.id, *self.tools.bind(reply)), self.conversation.abort)
 
     def release(self, reply: ReplyView) -> None:
         assert reply is self._reply, "released a reply that is not the session's"

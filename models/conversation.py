@@ -19,6 +19,14 @@ aborted reply), the stream is closed and a new one sends the whole prompt: vLLM'
 prefix cache then supplies the KV up to the last whole 32-token block before the
 divergence, and only the rest is prefilled.
 
+Tools (`models.tools`): a reply may end in calls (``turn.calls``; their markup's
+tokens are kept apart from the spoken reply's, so a truncation to the heard words keeps
+them); the client's results (`add_result`) open the next turn, as tool turns before
+its user words if any, and that turn's reply follows on from them: only the results
+and the header are prefilled.
+
+    ... [reply 1: words <tool_call>...</tool_call>][result][result][header] reply 2
+
 Long sessions: when a prompt would not leave room for a reply, the oldest turns are
 dropped (the system prompt stays) until the history fills at most half the context,
 so the one re-prefill this costs happens rarely, and while the caller speaks: the
@@ -31,22 +39,19 @@ import asyncio
 import itertools
 import math
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any
 
 from models.llm_backend import LlmBackend, TokenStream
 from models.llm_types import Delta, LlmError
+from models.reply_writer import ReplyWriter
+from models.tools import Tool, ToolCall, ToolChoice, ToolError, structural_tag
+from models.turn_record import ToolResult, Turn
 
 MAX_USER_CHARS = 4000  # ~1,000 tokens: more than anyone says in one breath
-
-
-@dataclass
-class Turn:
-    user_text: str
-    user_tokens: list[int]
-    id: str = ""  # the caller's name for the reply that began this turn (a response id)
-    reply_text: str = ""
-    reply_tokens: list[int] = field(default_factory=list)
+CALL_TOKENS = 256  # what a reply that may call a tool gets beyond the spoken reply's limit
 
 
 @dataclass
@@ -90,6 +95,7 @@ class Conversation:
         assert engine.chat_format is not None, "start the engine before making conversations"
         self.engine = engine
         self.format = engine.chat_format
+        self.tools: tuple[Tool, ...] = ()
         self.set_system_prompt(system_prompt)
         self._user_open = self.format.user_open()
         self._user_close = self.format.user_close()
@@ -105,29 +111,50 @@ class Conversation:
         self.last = TurnStats()
         self.dropped_turns = 0
         self._scored: tuple[list[int], float] | None = None  # (prefix, P(user's turn ends after it))
+        self.pending: list[ToolResult] = []  # results for the next turn
 
     def set_system_prompt(self, system_prompt: str | None) -> None:
         """New instructions from the next turn on (the KV is re-prefilled once: the
         history no longer starts with what it holds)."""
         self.system_prompt = self.engine.config.system_prompt if system_prompt is None else system_prompt
-        self._system = self.format.system(self.system_prompt)
+        self._system = self.format.system(self.system_prompt, self.tools)
+
+    def set_tools(self, tools: tuple[Tool, ...]) -> None:
+        """The tools the model is shown from the next turn on (in the system block: a
+        change re-prefills the KV once, like new instructions)."""
+        if tools and self.format.tool_prefix is None:
+            raise ToolError("this model's chat template has no tool role: it cannot take tools")
+        self.tools = tools
+        self._system = self.format.system(self.system_prompt, tools)
 
     # -- the token sequence --
+
+    def _question(self, turn: Turn) -> list[int]:
+        """What opens a turn: its tool results, then the user's words and the header."""
+        tokens = [t for result in turn.results for t in result.tokens]
+        if turn.user_tokens or not turn.results:
+            return tokens + self._user_open + turn.user_tokens + self._user_close
+        return tokens + self.format.assistant_header()
 
     def history_tokens(self) -> list[int]:
         tokens = list(self._system)
         for turn in self.turns:
-            tokens += self._user_open + turn.user_tokens + self._user_close
-            tokens += turn.reply_tokens + self._assistant_close
+            tokens += self._question(turn)
+            tokens += turn.reply_tokens + turn.call_tokens + self._assistant_close
         return tokens
 
-    def messages(self) -> list[dict[str, str]]:
-        out = [{"role": "system", "content": self.system_prompt}]
+    def messages(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = [{"role": "system", "content": self.system_prompt}]
         for turn in self.turns:
-            out += [
-                {"role": "user", "content": turn.user_text},
-                {"role": "assistant", "content": turn.reply_text},
-            ]
+            out += [{"role": "tool", "tool_call_id": r.call_id, "content": r.text} for r in turn.results]
+            if turn.user_tokens or not turn.results:
+                out.append({"role": "user", "content": turn.user_text})
+            reply: dict[str, Any] = {"role": "assistant", "content": turn.reply_text}
+            if turn.calls:
+                reply["tool_calls"] = [
+                    {"id": c.call_id, "type": "function", "function": c.function()} for c in turn.calls
+                ]
+            out.append(reply)
         return out
 
     def prompt_for(self, user_text: str) -> list[int]:
@@ -135,17 +162,49 @@ class Conversation:
         return self._prompt(self.format.encode(check_user_text(user_text)))
 
     def _prompt(self, user_tokens: list[int], close: bool = True) -> list[int]:
-        return self.history_tokens() + self._user_open + user_tokens + (self._user_close if close else [])
+        opening = self._question(Turn("", user_tokens, results=self.pending))
+        if not close and (user_tokens or not self.pending):
+            opening = opening[: len(opening) - len(self._user_close)]
+        return self.history_tokens() + opening
+
+    # -- tools --
+
+    def call(self, call_id: str) -> ToolCall | None:
+        return next((c for turn in self.turns for c in turn.calls if c.call_id == call_id), None)
+
+    def answered(self, call_id: str) -> bool:
+        return any(r.call_id == call_id for turn in self.turns for r in turn.results) or any(
+            r.call_id == call_id for r in self.pending
+        )
+
+    def add_result(self, call_id: str, output: str) -> None:
+        """The client's result for one of the model's calls: it opens the next turn.
+        `ToolError` (``invalid_call_id``) for a call never made or already answered."""
+        if self.call(call_id) is None:
+            raise ToolError(f"no call {call_id!r} in this conversation", "invalid_call_id")
+        if self.answered(call_id):
+            raise ToolError(f"call {call_id!r} has its result already", "invalid_call_id")
+        self.pending.append(ToolResult(call_id, output, self.format.tool_result(output)))
+
+    def _user_turn(self) -> list[Turn]:
+        """The turns since the user last spoke: tool rounds of one question."""
+        since = next((i for i in range(len(self.turns) - 1, -1, -1) if self.turns[i].user_tokens), 0)
+        return self.turns[since:]
+
+    def unanswered(self) -> list[ToolCall]:
+        """The last reply's calls still waiting for a result."""
+        last = self.turns[-1].calls if self.turns else []
+        return [c for c in last if not self.answered(c.call_id)]
 
     def _make_room(self, user_tokens: list[int]) -> None:
         limit = self.engine.config.max_model_len - self.engine.config.max_tokens
         needed = len(self._prompt(user_tokens))
         if needed <= limit:
             return
-        framing = len(self._user_open) + len(self._user_close) + len(self._assistant_close)
         while self.turns and needed > limit // 2:
             dropped = self.turns.pop(0)
-            needed -= framing + len(dropped.user_tokens) + len(dropped.reply_tokens)
+            needed -= len(self._question(dropped)) + len(dropped.reply_tokens) + len(dropped.call_tokens)
+            needed -= len(self._assistant_close)
             self.dropped_turns += 1
         if needed > limit:
             raise LlmError(f"this turn alone needs {needed} tokens, more than the {limit} available")
@@ -165,8 +224,13 @@ class Conversation:
         return stream, list(target)
 
     async def _run(
-        self, target: list[int], stats: TurnStats, max_tokens: int, logprobs_of: list[int] | None = None
-    ) -> AsyncIterator[Delta]:
+        self,
+        target: list[int],
+        stats: TurnStats,
+        max_tokens: int,
+        logprobs_of: list[int] | None = None,
+        structured: str | None = None,
+    ) -> AsyncGenerator[Delta, None]:
         """Bring the stream's KV to `target` and stream what is sampled after it."""
         stream, chunk = self._stream_for(target)
         stats.prompt_tokens = len(target)
@@ -175,13 +239,15 @@ class Conversation:
         if not chunk:
             return
         started = time.perf_counter()
-        async for delta in stream.run(chunk, max_tokens, logprobs_of=logprobs_of):
-            if stats.first_token_s is None:
-                stats.first_token_s = time.perf_counter() - started
-            if not stats.settled and delta.cached_tokens is not None:
-                stats.cached_tokens = delta.cached_tokens  # what the prefix cache held
-                stats.settled = True
-            yield delta
+        run = stream.run(chunk, max_tokens, logprobs_of=logprobs_of, structured=structured)
+        async with aclosing(run) as deltas:
+            async for delta in deltas:  # (closed with this generator: a chunk stopped early ends at once)
+                if stats.first_token_s is None:
+                    stats.first_token_s = time.perf_counter() - started
+                if not stats.settled and delta.cached_tokens is not None:
+                    stats.cached_tokens = delta.cached_tokens  # what the prefix cache held
+                    stats.settled = True
+                yield delta
 
     def close(self) -> None:
         """The session is over: its KV goes back to vLLM's prefix cache."""
@@ -229,36 +295,60 @@ class Conversation:
         out, or the words do not fit in the context)."""
         return (await self.prefill(words, latest=False)).end_of_turn
 
-    async def reply(self, user_text: str | bytes, turn_id: str = "") -> AsyncGenerator[str, None]:
-        """Add the user's turn and stream the reply's text deltas.
+    async def reply(
+        self,
+        user_text: str | bytes,
+        turn_id: str = "",
+        choice: ToolChoice | None = None,
+        on_call: Callable[[ToolCall], None] | None = None,
+    ) -> AsyncGenerator[str, None]:
+        """Add the user's turn (and the tool results waiting, if any: then the text may
+        be empty) and stream the reply's spoken text deltas.
 
+        With tools declared the reply is held to ``choice`` (`models.tools`); each call
+        is told to ``on_call`` once written whole (a call the same as one made earlier
+        since the user last spoke is not made again), and none appears in the text.
         The turn is recorded, under ``turn_id``, before the first token is asked for,
         and the reply as it streams, so an interrupted reply is in the history as far
         as it got (until `truncate` cuts it to what was heard). Whoever stops a reply
         names it by ``turn_id`` (`retract`, `truncate`): whether it got as far as being
         recorded, or a first token, is the conversation's business.
         """
-        text = check_user_text(user_text)
-        tokens = self.format.encode(text)
+        if self.pending and not (user_text.strip() if isinstance(user_text, str) else user_text.strip()):
+            text, tokens = "", []
+        else:
+            text = check_user_text(user_text)
+            tokens = self.format.encode(text)
         self._prefill_wanted += 1  # prefills still waiting are for this turn's words: drop them
         async with self._lock:
             self._make_room(tokens)
             prompt = self._prompt(tokens)
-            turn = Turn(text, tokens, turn_id)
+            turn = Turn(text, tokens, turn_id, results=self.pending)
+            self.pending = []
             self.turns.append(turn)
             self.last = TurnStats()
             self._replying = True
+            choice = choice or ToolChoice()
+            constraint = structural_tag(self.tools, choice)
+            words = self.engine.config.max_tokens  # what a reply may say; a call gets more room
+            limit = words + (CALL_TOKENS if constraint is not None and choice.mode != "none" else 0)
+            made = {c.key() for t in self._user_turn() for c in t.calls}
+            writer = ReplyWriter(turn, self._stop_ids, made, on_call)
             try:
-                async for delta in self._run(prompt, self.last, self.engine.config.max_tokens):
-                    turn.reply_tokens += [t for t in delta.token_ids if t not in self._stop_ids]
-                    turn.reply_text += delta.text
-                    if delta.text:
-                        yield delta.text
+                async with aclosing(self._run(prompt, self.last, limit, structured=constraint)) as deltas:
+                    async for delta in deltas:
+                        spoken = writer.take(delta)
+                        if spoken:
+                            yield spoken
+                        if limit > words and writer.spoken(words):
+                            break  # the spoken reply's bound, whatever room a call was given
             except LlmError:
                 self.turns.remove(turn)
+                self.pending = turn.results + self.pending
                 raise
             finally:
                 self._replying = False
+                writer.finish()
 
     async def abort(self) -> None:
         """Stop the reply in progress (its stream ends); the conversation stays usable."""
@@ -274,9 +364,11 @@ class Conversation:
         """Forget the turn the reply ``turn_id`` began, question and reply (a reply begun
         speculatively, at a pause the caller then talked through), if it was recorded;
         the KV follows at the next turn. Whether it was."""
-        if self.last_turn(turn_id) is None:
+        turn = self.last_turn(turn_id)
+        if turn is None:
             return False
         self.turns.pop()
+        self.pending = turn.results + self.pending  # they wait for the next turn again
         return True
 
     def truncate(self, turn_id: str, heard_text: str) -> bool:

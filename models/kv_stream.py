@@ -24,7 +24,7 @@ before each chunk, settled when the chunk ends, released when the stream ends.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, Protocol
 
 from models.llm_types import Delta, LlmError
@@ -48,7 +48,12 @@ class StreamEngine(Protocol):
         """The request's reader ended."""
 
     def streaming_input(
-        self, chunk: list[int], max_tokens: int, ignore_eos: bool, logprobs_of: list[int] | None = None
+        self,
+        chunk: list[int],
+        max_tokens: int,
+        ignore_eos: bool,
+        logprobs_of: list[int] | None = None,
+        structured: str | None = None,
     ) -> Any: ...
 
     def generate_streaming(self, request_id: str, inputs: AsyncIterator[Any]) -> AsyncIterator[Delta]: ...
@@ -80,8 +85,10 @@ class KvStream:
         max_tokens: int,
         ignore_eos: bool = False,
         logprobs_of: list[int] | None = None,
-    ) -> AsyncIterator[Delta]:
-        """Prefill `chunk` on top of `tokens` and stream what is sampled after it.
+        structured: str | None = None,
+    ) -> AsyncGenerator[Delta, None]:
+        """Prefill `chunk` on top of `tokens` and stream what is sampled after it
+        (``structured``: a structural tag it must follow, `models.tools`).
 
         Ends after the chunk's last output, or early when the request is aborted (then
         `alive` is False and `tokens` no longer says anything).
@@ -93,7 +100,8 @@ class KvStream:
             raise ValueError("an empty chunk")
         self.engine.reserve(self.request_id, len(chunk) + max_tokens)
         self.busy = True
-        self._inputs.put_nowait(self.engine.streaming_input(chunk, max_tokens, ignore_eos, logprobs_of))
+        chunk_input = self.engine.streaming_input(chunk, max_tokens, ignore_eos, logprobs_of, structured)
+        self._inputs.put_nowait(chunk_input)
         if self._reader is None:
             self._reader = asyncio.create_task(self._read(), name=f"llm-{self.request_id}")
         generated: list[int] = []

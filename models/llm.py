@@ -241,9 +241,16 @@ class LlmEngine:
         ):
             yield delta
 
-    def _params(self, max_tokens: int, ignore_eos: bool = False, logprobs_of: list[int] | None = None) -> Any:
+    def _params(
+        self,
+        max_tokens: int,
+        ignore_eos: bool = False,
+        logprobs_of: list[int] | None = None,
+        structured: str | None = None,
+    ) -> Any:
+        """``structured``: a structural tag the sampled tokens must follow (`models.tools`)."""
         from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
         return SamplingParams(
             max_tokens=max_tokens,
@@ -251,6 +258,7 @@ class LlmEngine:
             output_kind=RequestOutputKind.DELTA,
             ignore_eos=ignore_eos,
             logprob_token_ids=logprobs_of or None,
+            structured_outputs=StructuredOutputsParams(structural_tag=structured) if structured else None,
         )
 
     async def _deltas(self, stream: Any) -> AsyncIterator[Delta]:
@@ -289,13 +297,20 @@ class LlmEngine:
         return stream
 
     def streaming_input(
-        self, chunk: list[int], max_tokens: int, ignore_eos: bool, logprobs_of: list[int] | None = None
+        self,
+        chunk: list[int],
+        max_tokens: int,
+        ignore_eos: bool,
+        logprobs_of: list[int] | None = None,
+        structured: str | None = None,
     ) -> Any:
+        """One chunk of a stream; its structured-output constraint holds for this chunk
+        alone (`models.vllm_shims`, which makes a later chunk's hold at all)."""
         from vllm.engine.protocol import StreamingInput
         from vllm.inputs.engine import tokens_input
 
         assert not set(logprobs_of or ()) - set(self._stream_logprobs), "a stream's logprobs are fixed"
-        params = self._params(max_tokens, ignore_eos, self._stream_logprobs)
+        params = self._params(max_tokens, ignore_eos, self._stream_logprobs, structured)
         return StreamingInput(tokens_input(list(chunk)), params)
 
     def generate_streaming(self, request_id: str, inputs: AsyncIterator[Any]) -> AsyncIterator[Delta]:

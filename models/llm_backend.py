@@ -18,7 +18,7 @@ turn's prefilled and reused tokens are measured the same way whichever runs it.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from models.llm_types import Delta, EngineCounters
@@ -47,10 +47,12 @@ class TokenStream(Protocol):
         max_tokens: int,
         ignore_eos: bool = False,
         logprobs_of: list[int] | None = None,
-    ) -> AsyncIterator[Delta]:
+        structured: str | None = None,
+    ) -> AsyncGenerator[Delta, None]:
         """Prefill `chunk` after `tokens`, stream what is sampled; afterwards `tokens` is
         what the KV holds (the chunk and all but the last sampled token). ``logprobs_of``:
-        tokens whose log-probability at the first sampled position the deltas carry."""
+        tokens whose log-probability at the first sampled position the deltas carry;
+        ``structured``: a structural tag (`models.tools`) the sampled text must follow."""
 
     def close(self) -> None:
         """End the stream; its KV stays in the prefix cache until it is needed."""

@@ -274,10 +274,12 @@ class RemoteLlm:
         ignore_eos: bool,
         wire_id: str | None = None,
         logprobs_of: list[int] | None = None,
+        structured: str | None = None,
     ) -> AsyncIterator[Delta]:
         """One streamed completion on ``prompt``, which `abort` (``request_id``) stops
         quietly; ``wire_id`` is the server's name for it (unique per request);
-        ``logprobs_of``: tokens whose log-probabilities the deltas carry."""
+        ``logprobs_of``: tokens whose log-probabilities the deltas carry; ``structured``:
+        a structural tag the server holds the completion to (`models.tools`)."""
         if self._http is None:
             raise LlmUnavailable("the LLM service's client is closed")
         if not self.reachable and not await self.probe():  # (the engine watch probes too)
@@ -299,6 +301,8 @@ class RemoteLlm:
         }
         if not self.prefix_caching:
             body["cache_salt"] = uuid.uuid4().hex
+        if structured:  # vLLM's structured outputs, applied in the server
+            body["structured_outputs"] = {"structural_tag": structured}
         if logprobs_of:  # keyed "token_id:N" in the answer, not by the token's text
             body |= {"logprobs": 1, "logprob_token_ids": logprobs_of, "return_tokens_as_token_ids": True}
         headers = {SESSION_HEADER: session_key, "X-Request-Id": wire_id or request_id}

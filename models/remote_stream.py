@@ -11,7 +11,7 @@ chunk's prompt will carry); a chunk that did not (stopped, failed) ends the stre
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Protocol
 
 from models.llm_types import Delta, LlmError
@@ -29,6 +29,7 @@ class Completions(Protocol):
         ignore_eos: bool,
         wire_id: str | None = None,
         logprobs_of: list[int] | None = None,
+        structured: str | None = None,
     ) -> AsyncIterator[Delta]: ...
 
 
@@ -54,7 +55,8 @@ class RemoteStream:
         max_tokens: int,
         ignore_eos: bool = False,
         logprobs_of: list[int] | None = None,
-    ) -> AsyncIterator[Delta]:
+        structured: str | None = None,
+    ) -> AsyncGenerator[Delta, None]:
         assert not self.busy, "one chunk at a time"
         if not self.alive:
             raise LlmError("the session's LLM stream has ended")
@@ -74,6 +76,7 @@ class RemoteStream:
                 ignore_eos,
                 wire_id=f"{self.session_key}-{self.request_id}-c{self._chunks}",
                 logprobs_of=logprobs_of,
+                structured=structured,
             ):
                 generated += delta.token_ids
                 finished = delta.finish_reason is not None

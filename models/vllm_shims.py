@@ -29,6 +29,7 @@ def register() -> None:
     if _vllm_version() != SHIMMED_VERSION:
         return
     _load_compiled_graphs_on_cpu()
+    _structured_outputs_on_streaming_updates()
 
 
 def _load_compiled_graphs_on_cpu() -> None:
@@ -64,3 +65,38 @@ def _load_compiled_graphs_on_cpu() -> None:
 
 def _loaded(vllm_config: object) -> None:
     """Nothing left to load (see `_load_compiled_graphs_on_cpu`)."""
+
+
+def _structured_outputs_on_streaming_updates() -> None:
+    """vLLM 0.32.0: a resumable request's later chunk ignores its structured-output
+    constraint. The engine core builds a chunk's grammar on the new `Request` it makes of
+    the chunk (``preprocess_add_request`` calls ``grammar_init``), but the scheduler
+    hands the existing session only a `StreamingUpdate` of prompt, ``max_tokens`` and
+    sampling params (``Scheduler._update_request_as_session``): the grammar is dropped,
+    and the session keeps the first chunk's (usually none). Here the update carries the
+    chunk's structured-output request, and the session takes it (None for a chunk with
+    no constraint), waiting for its grammar to compile like a new request would."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.request import Request, RequestStatus, StreamingUpdate
+
+    from_request = StreamingUpdate.from_request.__func__  # type: ignore[attr-defined]
+    if getattr(from_request, "_duplex_shim", False):
+        return
+    update_session = Scheduler._update_request_as_session
+
+    def from_request_with_grammar(cls: type[StreamingUpdate], request: Request) -> StreamingUpdate | None:
+        update = from_request(cls, request)
+        if update is not None:
+            update.structured_output_request = request.structured_output_request
+        return update
+
+    def update_with_grammar(self: Scheduler, session: Request, update: StreamingUpdate) -> None:
+        update_session(self, session, update)
+        structured = getattr(update, "structured_output_request", None)
+        session.structured_output_request = structured
+        if structured is not None and structured.grammar is None:  # still compiling
+            session.status = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
+
+    from_request_with_grammar._duplex_shim = True  # type: ignore[attr-defined]
+    StreamingUpdate.from_request = classmethod(from_request_with_grammar)  # type: ignore[assignment]
+    Scheduler._update_request_as_session = update_with_grammar  # type: ignore[method-assign]

@@ -186,10 +186,10 @@ async def test_a_reply_dropped_before_its_first_token_leaves_no_trace(llm_engine
     reached = asyncio.Event()
     real_run = KvStream.run
 
-    async def held(stream, chunk, max_tokens, ignore_eos=False, logprobs_of=None):
+    async def held(stream, chunk, max_tokens, ignore_eos=False, logprobs_of=None, structured=None):
         reached.set()
         await asyncio.Event().wait()  # no token ever comes: the reply is dropped here
-        async for delta in real_run(stream, chunk, max_tokens, ignore_eos, logprobs_of):
+        async for delta in real_run(stream, chunk, max_tokens, ignore_eos, logprobs_of, structured):
             yield delta  # pragma: no cover
 
     monkeypatch.setattr(KvStream, "run", held)

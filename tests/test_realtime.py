@@ -189,6 +189,53 @@ async def test_a_spoken_question_gets_a_spoken_reply_with_transcripts(served, tt
     await closed(sessions)
 
 
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The weather now in a city.",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+}
+
+
+async def test_a_spoken_question_calls_the_clients_function_and_the_reply_uses_its_result(
+    served, tts_engine, shapes
+):
+    import jsonschema
+
+    client, sessions = served
+    async with client.realtime.connect(model="duplex") as conn:
+        await conn.recv()
+        named = {"type": "function", "name": "get_weather"}
+        await conn.session.update(session={"type": "realtime", "tools": [WEATHER], "tool_choice": named})
+        talking = asyncio.create_task(talk(conn, pcm24(speech(tts_engine, "What is the weather in Paris?"))))
+        seen = await events_until(conn, "response.done")
+        await talking
+        (updated,) = [e for e in seen if e.type == "session.updated"]
+        assert updated.session.tools[0].name == "get_weather"
+        (call,) = [e for e in seen if e.type == "response.function_call_arguments.done"]
+        arguments = json.loads(call.arguments)
+        jsonschema.validate(arguments, WEATHER["parameters"])
+        assert "paris" in arguments["city"].lower()
+        (done,) = [e for e in seen if e.type == "response.done"]
+        assert [o.type for o in done.response.output] == ["message", "function_call"]
+        assert done.response.output[1].call_id == call.call_id
+        output = json.dumps({"temp_c": 21, "sky": "sunny"})
+        await conn.conversation.item.create(
+            item={"type": "function_call_output", "call_id": call.call_id, "output": output}
+        )
+        await conn.response.create(response={"tool_choice": "none"})
+        seen = await events_until(conn, "response.done")
+    transcript = [e for e in seen if e.type == "response.done"][0].response.output[0].content[0].transcript
+    assert "21" in transcript
+    assert not [e for e in seen if e.type.startswith("response.function_call")]
+    await closed(sessions)
+
+
 async def test_text_in_audio_out_and_a_truncate_reaches_the_next_reply(served):
     client, sessions = served
     async with client.realtime.connect(model="duplex") as conn:

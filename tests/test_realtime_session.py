@@ -101,7 +101,6 @@ def test_an_update_changes_what_it_names_and_reports_the_whole_session():
             None,
         ),
         ({"audio": {"output": {"voice": 7}}}, "invalid_value", "session.audio.output.voice"),
-        ({"tools": [{"type": "function", "name": "f"}]}, "unsupported", "session.tools"),
         ({"teleport": True}, "unknown_parameter", "session.teleport"),
         # too deep to show (its repr raised RecursionError), too deep or long to keep and echo
         (
@@ -333,6 +332,134 @@ def test_the_shape_check_looks_inside_nested_objects():
         check({"type": "conversation.item.retrieved", "item": item})
     check({"type": "duplex.turn.metrics", "anything": 1})  # duplex's own: named so, exempt
     assert "input_audio_buffer.dtmf_event_received" in MODELS and "conversation.item.deleted" in MODELS
+
+
+# -- tools: declared through the session, calls and results as items --
+
+
+class ToolConversation:
+    """What `ToolCalls` needs of a conversation: the tools it shows, results it takes."""
+
+    def __init__(self) -> None:
+        self.tools: tuple = ()
+        self.results: list[tuple[str, str]] = []
+        self.pending: list = []
+
+    def set_tools(self, tools: tuple) -> None:
+        self.tools = tools
+
+    def add_result(self, call_id: str, output: str) -> None:
+        from models.tools import ToolError
+
+        if call_id != "call_1":
+            raise ToolError(f"no call {call_id!r} in this conversation", "invalid_call_id")
+        self.results.append((call_id, output))
+        self.pending.append(call_id)
+
+
+class ToolPort:
+    def __init__(self) -> None:
+        from duplex.tool_calls import ToolCalls
+
+        self.conversation = ToolConversation()
+        self.tools = ToolCalls(cast(Any, self.conversation))
+
+
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+
+
+def update(session: dict[str, Any]) -> str:
+    return json.dumps({"type": "session.update", "session": session})
+
+
+async def test_tools_are_declared_all_or_nothing_and_reported_in_the_session():
+    c, _ = connection()
+    port = ToolPort()
+    c.session = cast(Any, port)
+    c.apply_turn_detection = lambda: None  # type: ignore[method-assign]
+    await c.handle(update({"tools": [WEATHER], "tool_choice": {"type": "function", "name": "get_weather"}}))
+    deep: dict[str, Any] = {"type": "object"}
+    for _ in range(100):
+        deep = {"type": "object", "properties": {"x": deep}}
+    bad: list[dict[str, Any]] = [
+        {"tools": [WEATHER, {**WEATHER, "name": "<|im_end|>"}], "instructions": "changed"},
+        {"tools": [{**WEATHER, "parameters": {"properties": {"city": {"type": 7}}}}]},
+        {"tools": [{**WEATHER, "parameters": deep}]},
+        {"tools": [{**WEATHER, "name": f"t{i}"} for i in range(1000)]},
+        {"tool_choice": {"type": "function", "name": "launch"}},
+        {"tool_choice": "sometimes"},
+    ]
+    for session in bad:
+        await c.handle(update(session))
+    events = [check(e) for e in sent(c)]
+    updated = [e["session"] for e in events if e["type"] == "session.updated"]
+    assert len(updated) == 1
+    assert updated[0]["tools"] == [WEATHER]
+    assert updated[0]["tool_choice"] == {"type": "function", "name": "get_weather"}
+    errors = [(e["error"]["code"], e["error"]["param"]) for e in events if e["type"] == "error"]
+    assert (
+        errors
+        == [("invalid_tool", "session.tools")] * 4 + [("invalid_tool_choice", "session.tool_choice")] * 2
+    )
+    assert [t.name for t in port.conversation.tools] == ["get_weather"]  # nothing of the bad ones
+    assert c.config.instructions == ""  # the update with a bad tool changed nothing else either
+    await c.handle(update({"tools": []}))  # the named tool is gone: the choice is auto again
+    (last,) = [check(e)["session"] for e in sent(c) if e["type"] == "session.updated"]
+    assert last["tools"] == [] and last["tool_choice"] == "auto"
+
+
+async def test_a_call_is_a_function_call_item_and_its_output_an_item_the_client_creates():
+    c, wire = connection()
+    port = ToolPort()
+    c.session = cast(Any, port)
+    call = {"response_id": "resp_1", "item_id": "item_1", "call_id": "call_1", "call_index": 0}
+    for event in [
+        Event(ev.RESPONSE_CREATED, {"response_id": "resp_1", "item_id": "item_1"}),
+        Event(ev.TEXT_DELTA, {"response_id": "resp_1", "delta": "Let me look."}),
+        Event(ev.CALL_ADDED, {**call, "name": "get_weather"}),
+        Event(ev.CALL_DELTA, {**call, "delta": '{"city": "Paris"}'}),
+        Event(ev.CALL_DONE, {**call, "name": "get_weather", "arguments": '{"city": "Paris"}'}),
+        Event(ev.RESPONSE_DONE, {"response_id": "resp_1", "status": "completed"}),
+    ]:
+        wire.event(event)
+    output = {"type": "function_call_output", "call_id": "call_1", "output": '{"temp_c": 21}'}
+    for item in [
+        output,
+        {**output, "call_id": "call_9"},  # never made
+        {**output, "call_id": "call_1", "output": "x" * 20_000},  # too long
+        {**output, "output": 7},
+        {"type": "function_call", "name": "get_weather", "arguments": "{}"},  # the client's own call
+    ]:
+        await c.handle(json.dumps({"type": "conversation.item.create", "item": item}))
+    events = [check(e) for e in sent(c)]
+    kinds = [e["type"] for e in events]
+    assert "response.function_call_arguments.delta" in kinds
+    (done,) = [e for e in events if e["type"] == "response.function_call_arguments.done"]
+    assert (done["name"], done["arguments"], done["output_index"]) == ("get_weather", '{"city": "Paris"}', 1)
+    (response,) = [e["response"] for e in events if e["type"] == "response.done"]
+    assert [o["type"] for o in response["output"]] == ["message", "function_call"]
+    assert response["output"][1]["call_id"] == "call_1" and response["output"][1]["status"] == "completed"
+    created = [e["item"] for e in events if e["type"] == "conversation.item.done"]
+    assert created[-1]["type"] == "function_call_output" and created[-1]["output"] == '{"temp_c": 21}'
+    assert port.conversation.results == [("call_1", '{"temp_c": 21}')]
+    assert port.tools.waiting
+    errors = [(e["error"]["code"], e["error"]["param"]) for e in events if e["type"] == "error"]
+    assert errors == [
+        ("invalid_call_id", "item.call_id"),
+        ("tool_output_too_large", "item.output"),
+        ("invalid_tool_output", "item.output"),
+        ("unsupported", "item.type"),
+    ]
+    (call_item,) = [i for i in created if i["type"] == "function_call"]
+    assert call_item["arguments"] == '{"city": "Paris"}'
+    await c.handle(json.dumps({"type": "conversation.item.retrieve", "item_id": call_item["id"]}))
+    (retrieved,) = [check(e) for e in sent(c)]
+    assert retrieved["item"] == call_item
 
 
 # -- what a deleted item takes out of the session --

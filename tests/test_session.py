@@ -59,7 +59,7 @@ async def test_a_held_reply_dropped_before_its_first_token_leaves_no_trace(engin
     dropped = asyncio.Event()
     real_run = KvStream.run
 
-    async def run(stream, chunk, max_tokens, ignore_eos=False, logprobs_of=None):
+    async def run(stream, chunk, max_tokens, ignore_eos=False, logprobs_of=None, structured=None):
         if max_tokens > 1 and not dropped.is_set():  # a reply (prefills take one token)
             held.append(chunk)
             try:
@@ -67,7 +67,7 @@ async def test_a_held_reply_dropped_before_its_first_token_leaves_no_trace(engin
             except asyncio.CancelledError:
                 dropped.set()
                 raise
-        async for delta in real_run(stream, chunk, max_tokens, ignore_eos, logprobs_of):
+        async for delta in real_run(stream, chunk, max_tokens, ignore_eos, logprobs_of, structured):
             yield delta
 
     monkeypatch.setattr(KvStream, "run", run)

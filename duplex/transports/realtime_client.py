@@ -148,8 +148,20 @@ class RealtimeConnection(RealtimeItems):
 
     async def _session_update(self, message: dict[str, Any]) -> None:
         before = (self.config.turn_detection, self.config.instructions)
-        self.config.update(message.get("session"))
         assert self.session is not None
+        raw = message.get("session")
+        tools = None
+        if isinstance(raw, dict) and ("tools" in raw or "tool_choice" in raw):
+            given = raw.get("tools", [t.declaration() for t in self.config.tools])
+            try:  # checked before anything changes: all or nothing
+                tools = self.session.tools.parse([] if given is None else given, raw.get("tool_choice"))
+            except SessionError as e:
+                param = "session.tool_choice" if e.code == "invalid_tool_choice" else "session.tools"
+                raise RealtimeError(str(e), e.code, param) from None
+        self.config.update(raw)
+        if tools is not None:
+            self.session.tools.declare(*tools)
+            self.config.tools, self.config.tool_choice = tools
         if self.config.turn_detection != before[0]:
             self.apply_turn_detection()
         if self.config.instructions != before[1]:
@@ -205,7 +217,17 @@ class RealtimeConnection(RealtimeItems):
 
     async def _item_create(self, message: dict[str, Any]) -> None:
         item: Any = message.get("item")
+        if isinstance(item, dict) and item.get("type") == "function_call_output":
+            await self._call_output(item)
+            return
         text = user_text(item)  # (an item that is not a dict is refused there)
+        item_id = self._new_item_id(item)
+        self._check_unanswered("item")
+        self._add_turn(text)
+        self.text_item(item_id, text)
+
+    def _new_item_id(self, item: dict[str, Any]) -> str:
+        """The id of an item the client creates: its own (checked), or one made here."""
         given = item.get("id")
         if isinstance(given, str) and len(given) > MAX_ITEM_ID:
             raise RealtimeError(
@@ -214,12 +236,29 @@ class RealtimeConnection(RealtimeItems):
         item_id = given if isinstance(given, str) else f"item_text_{next(self._text_items)}"
         if self.item(item_id) is not None:
             raise RealtimeError(f"Item '{item_id}' already exists.", "duplicate_item_id", "item.id")
-        self._check_unanswered("item")
-        self._add_turn(text)
-        self.text_item(item_id, text)
+        return item_id
+
+    async def _call_output(self, item: dict[str, Any]) -> None:
+        """A function's result: it answers the model's call ``call_id``; the reply that
+        uses it comes with ``response.create``."""
+        item_id = self._new_item_id(item)
+        call_id, output = item.get("call_id"), item.get("output")
+        assert self.session is not None
+        try:
+            self.session.tools.result(call_id, output)
+        except SessionError as e:
+            param = "item.call_id" if e.code == "invalid_call_id" else "item.output"
+            raise RealtimeError(str(e), e.code, param) from None
+        self.call_output(item_id, str(call_id), str(output))
 
     async def _response_create(self, message: dict[str, Any]) -> None:
         assert self.session is not None
+        response = message.get("response")
+        if isinstance(response, dict) and "tool_choice" in response:
+            try:
+                self.session.tools.choose(response["tool_choice"])
+            except SessionError as e:
+                raise RealtimeError(str(e), e.code, "response.tool_choice") from None
         try:
             await self.session.respond()
         except SessionError as e:

@@ -10,10 +10,11 @@ Supported: ``instructions``; ``audio.input.format`` and ``audio.output.format``
 false holds each turn for ``response.create``; ``interrupt_response`` false lets the
 reply play on while the caller speaks, and answers them after it);
 ``audio.output.voice`` (any name: the server has one voice); ``output_modalities``
-``["audio"]``. Accepted and ignored (reported back as set): ``audio.input.transcription``
-(transcription always runs, with the server's model), ``noise_reduction``, ``speed``,
-``tracing``, ``truncation``, ``include``, ``prompt``, ``model``, ``max_output_tokens``,
-``tool_choice``, and ``tools`` when empty (each at most `MAX_ECHO_DEPTH` deep and
+``["audio"]``; ``tools`` (function tools) and ``tool_choice``, checked by the session
+(`duplex.tool_calls`) before anything is applied. Accepted and ignored (reported back
+as set): ``audio.input.transcription`` (transcription always runs, with the server's
+model), ``noise_reduction``, ``speed``, ``tracing``, ``truncation``, ``include``,
+``prompt``, ``model``, ``max_output_tokens`` (each at most `MAX_ECHO_DEPTH` deep and
 `MAX_ECHO_CHARS` long as JSON: they are kept and sent back with every update). Refused
 with an ``invalid_request_error``: anything else, and values out of range. A client's
 value is quoted in an error only when it is a string, cut short.
@@ -26,9 +27,11 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from models.tools import Tool, ToolChoice
+
 FORMATS = {"audio/pcm": 24000, "audio/pcmu": 8000, "audio/pcma": 8000}
 LAWS = {"audio/pcmu": "ulaw", "audio/pcma": "alaw", "audio/pcm": None}  # for encode_wire / decode_wire
-IGNORED_KEYS = ("tracing", "truncation", "include", "prompt", "model", "max_output_tokens", "tool_choice")
+IGNORED_KEYS = ("tracing", "truncation", "include", "prompt", "model", "max_output_tokens")
 MAX_ECHO_DEPTH = 8  # nesting of an accepted-and-ignored value (the API's own go 4 deep)
 MAX_ECHO_CHARS = 16384  # ... and its length as JSON
 MAX_VOICE_NAME = 64
@@ -175,6 +178,8 @@ class RealtimeSessionConfig:
         self.turn_detection: TurnDetection | None = TurnDetection()
         self.echoed: dict[str, Any] = {}  # accepted-and-ignored settings, reported back as set
         self.audio_started = False  # the voice may not change once audio went out
+        self.tools: tuple[Tool, ...] = ()  # as the session took them (`RealtimeConnection`)
+        self.tool_choice = ToolChoice()
 
     def update(self, raw: Any) -> None:
         """Apply a ``session.update``'s ``session``, all or nothing."""
@@ -184,7 +189,7 @@ class RealtimeSessionConfig:
         if session.get("type", "realtime") != "realtime":
             raise RealtimeError("Only 'realtime' sessions are supported.", param="session.type")
         for key, value in session.items():
-            if key == "type":
+            if key in ("type", "tools", "tool_choice"):  # tools: checked and applied by the session
                 continue
             if key == "instructions":
                 if not isinstance(value, str) or len(value) > self.max_instructions:
@@ -201,9 +206,6 @@ class RealtimeSessionConfig:
                     )
             elif key == "audio":
                 staged._audio(_object(value, "session.audio"))
-            elif key == "tools":
-                if value not in ([], None):
-                    raise RealtimeError("Tools are not supported.", "unsupported", "session.tools")
             elif key in IGNORED_KEYS:
                 staged.echoed[key] = _echo(value, f"session.{key}")
             else:
@@ -258,8 +260,8 @@ class RealtimeSessionConfig:
             "model": self.echoed.get("model", "duplex"),
             "output_modalities": ["audio"],
             "instructions": self.instructions,
-            "tools": [],
-            "tool_choice": self.echoed.get("tool_choice", "auto"),
+            "tools": [{"type": "function", **tool.declaration()["function"]} for tool in self.tools],
+            "tool_choice": self.tool_choice.wire(),
             "max_output_tokens": self.echoed.get("max_output_tokens", "inf"),
             "tracing": self.echoed.get("tracing"),
             "truncation": self.echoed.get("truncation", "auto"),

@@ -96,6 +96,12 @@ class RealtimeWire:
         elif event.type == ev.TEXT_DELTA:
             self._transcripts[d["response_id"]] = self._transcripts.get(d["response_id"], "") + d["delta"]
             c.send("response.output_audio_transcript.delta", **c.part(d["response_id"]), delta=d["delta"])
+        elif event.type == ev.CALL_ADDED:
+            c.call_added(d["response_id"], d["call_id"], d["name"])
+        elif event.type == ev.CALL_DELTA:
+            c.call_delta(d["response_id"], d["call_id"], d["delta"])
+        elif event.type == ev.CALL_DONE:
+            c.call_done(d["response_id"], d["call_id"], d["name"], d["arguments"])
         elif event.type == ev.RESPONSE_DONE:
             c.response_done(d["response_id"], d["status"], self._transcripts.pop(d["response_id"], ""))
         elif event.type == ev.TRUNCATED:

@@ -87,6 +87,7 @@ class RealtimeItems:
         self._texts: dict[str, str] = {}
         self._turn_of: dict[str, str] = {}
         self._waiting: list[str] = []
+        self._calls: dict[str, list[str]] = {}  # response id -> its function_call items, in order
 
     # -- sending --
 
@@ -141,8 +142,11 @@ class RealtimeItems:
         if item is None:
             return
         item["content"], item["status"] = content, "completed" if role == "user" else item["status"]
+        self._done(item_id)
+
+    def _done(self, item_id: str) -> None:
         previous = self._order[self._order.index(item_id) - 1] if self._order.index(item_id) else None
-        self.send("conversation.item.done", previous_item_id=previous, item=item)
+        self.send("conversation.item.done", previous_item_id=previous, item=self._items[item_id])
 
     def transcribing(self, item_id: str) -> bool:
         """A user audio item whose transcript has not come yet."""
@@ -241,7 +245,65 @@ class RealtimeItems:
             self.send("response.output_item.done", response_id=response_id, output_index=0, item=item)
             self.item_done(item_id, "assistant", item["content"])
             output = [item]
+        for call_item in self._calls.pop(response_id, []):
+            call = self._items.get(call_item)
+            if call is not None:
+                if call["status"] == "in_progress":  # cut off before its arguments were whole
+                    call["status"] = "incomplete"
+                output.append(call)
         self.send("response.done", response=self._response(response_id, status, output))
+
+    # -- function calls --
+
+    def call_added(self, response_id: str, call_id: str, name: str) -> None:
+        """A reply began a call: its item follows the reply's audio message."""
+        item_id = f"item_{call_id}"
+        calls = self._calls.setdefault(response_id, [])
+        calls.append(item_id)
+        item = {
+            "id": item_id,
+            "object": "realtime.item",
+            "type": "function_call",
+            "status": "in_progress",
+            "call_id": call_id,
+            "name": name,
+            "arguments": "",
+        }
+        self.send("response.output_item.added", response_id=response_id, output_index=len(calls), item=item)
+        self._add_item(item)
+
+    def _call_part(self, response_id: str, call_id: str) -> dict[str, Any]:
+        item_id = f"item_{call_id}"
+        index = self._calls.get(response_id, []).index(item_id) + 1
+        return {"response_id": response_id, "item_id": item_id, "output_index": index, "call_id": call_id}
+
+    def call_delta(self, response_id: str, call_id: str, delta: str) -> None:
+        self.send(
+            "response.function_call_arguments.delta", **self._call_part(response_id, call_id), delta=delta
+        )
+
+    def call_done(self, response_id: str, call_id: str, name: str, arguments: str) -> None:
+        part = self._call_part(response_id, call_id)
+        self.send("response.function_call_arguments.done", **part, name=name, arguments=arguments)
+        item = self._items.get(part["item_id"])
+        if item is not None:
+            item["arguments"], item["status"] = arguments, "completed"
+            index = part["output_index"]
+            self.send("response.output_item.done", response_id=response_id, output_index=index, item=item)
+            self._done(part["item_id"])
+
+    def call_output(self, item_id: str, call_id: str, output: str) -> None:
+        """The client's result for a call, taken by the session."""
+        item = {
+            "id": item_id,
+            "object": "realtime.item",
+            "type": "function_call_output",
+            "status": "completed",
+            "call_id": call_id,
+            "output": output,
+        }
+        self._add_item(item)
+        self._done(item_id)
 
     def truncated(self, item_id: str, audio_end_ms: int) -> None:
         self.send("conversation.item.truncated", item_id=item_id, content_index=0, audio_end_ms=audio_end_ms)
