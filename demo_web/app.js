@@ -7,6 +7,10 @@
 // ?processing=0 turns the browser's noise suppression and gain control off (echo
 // cancellation stays on); ?record=1 keeps the received audio (await duplexDemo.recording():
 // a WebM/Opus file, base64).
+//
+// The page has a tool of its own, get_time, which the assistant may call (ask it the
+// time): the call and its result show in the conversation, the result goes back on the
+// data channel, and the reply that uses it is asked for once the calling reply is done.
 
 const params = new URLSearchParams(location.search);
 const token = params.get("token");
@@ -26,7 +30,21 @@ const demo = (window.duplexDemo = {
   events: [], // the last 500 events, as received
   recording: null, // with ?record=1: async () => {mimeType, data: base64 WebM/Opus}
   stats: null, // async () => the received audio's WebRTC statistics (jitter buffer, concealment)
+  toolCalls: [], // {callId, name, arguments, output}: the page's tool, called by the assistant
+  send: (message) => channel && channel.readyState === "open" && channel.send(JSON.stringify(message)),
 });
+
+// The page's own tool: the assistant asks, the page answers.
+const TOOLS = [{
+  type: "function",
+  name: "get_time",
+  description: "The current local time where the user is.",
+  parameters: { type: "object", properties: {} },
+}];
+const runTool = {
+  get_time: () => ({ time: new Date().toLocaleTimeString([], { hour: "numeric", minute: "2-digit" }) }),
+};
+let answerAfter = null; // the response whose calls have their results: respond when it is done
 
 let pc = null;
 let channel = null;
@@ -66,7 +84,11 @@ async function start() {
     pc = new RTCPeerConnection({ iceServers: ice.iceServers || [] });
     for (const track of mic.getAudioTracks()) pc.addTrack(track, mic);
     channel = pc.createDataChannel("events");
-    channel.onopen = () => { demo.connected = true; setState("listening"); };
+    channel.onopen = () => {
+      demo.connected = true;
+      setState("listening");
+      demo.send({ type: "tools", tools: TOOLS, tool_choice: params.get("tool_choice") || "auto" });
+    };
     channel.onmessage = (message) => onEvent(JSON.parse(message.data));
     channel.onclose = () => stop("the session ended");
     pc.ontrack = (event) => {
@@ -225,8 +247,19 @@ function onEvent(event) {
       setState("thinking");
       break;
     case "response.output_item.added": // the reply's item: its text and audio follow
+      if (event.item.type !== "message") break; // a call: shown whole, below
       demo.assistantTurns.push({ responseId: event.response_id, itemId: event.item.id, text: "", heard: null, status: "in_progress" });
       break;
+    case "response.function_call_arguments.done": { // the assistant calls the page's tool
+      const tool = runTool[event.name];
+      const output = JSON.stringify(tool ? tool() : { error: `no tool ${event.name}` });
+      demo.toolCalls.push({ callId: event.call_id, name: event.name, arguments: event.arguments, output });
+      demo.send({ type: "tool_result", call_id: event.call_id, output });
+      answerAfter = event.response_id;
+      const li = line(event.item_id, "tool");
+      li.replaceChildren(label("tool"), document.createTextNode(`${event.name}(${event.arguments}) → ${output}`));
+      break;
+    }
     case "response.output_audio_transcript.delta":
       withTurn(event.item_id, (turn) => { turn.text += event.delta; });
       break;
@@ -251,6 +284,10 @@ function onEvent(event) {
         announce(`assistant:${itemId}`, `${who}: ${turn.text}`);
       });
       if (demo.state !== "listening") setState("listening");
+      if (answerAfter === event.response.id) { // its calls have their results: the reply that uses them
+        answerAfter = null;
+        demo.send({ type: "respond", tool_choice: "auto" }); // it may speak, whatever choice called
+      }
       break;
     }
     case "error":

@@ -70,6 +70,10 @@ class Tools(Protocol):
     def waiting(self) -> bool:
         """Results wait for a response."""
 
+    @property
+    def complete(self) -> bool:
+        """Results wait, and every call of the last reply has its result."""
+
 
 class SessionPort(Protocol):
     """What a transport may do with its session."""

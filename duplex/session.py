@@ -164,8 +164,7 @@ class Session(SessionPort):
         await self.answer(text, TurnTimes(final=time.monotonic()))
 
     def add_turn(self, text: str) -> None:
-        """A user turn (a Realtime text item, a committed audio buffer) that waits for
-        `respond`; a bad one is a `SessionError`."""
+        """A user turn (a text item, a committed buffer) waiting for `respond`; bad: `SessionError`."""
         self.touch()
         try:
             text = check_user_text(text)
@@ -174,16 +173,18 @@ class Session(SessionPort):
         self._unanswered.add(text)
 
     async def respond(self) -> None:
-        """Answer what waits: user turns (`add_turn`'s, those heard while ``answer_turns``
-        is off) and tool results. A reply in progress ends first (cut as heard)."""
+        """Answer what waits: user turns (`add_turn`'s, those held while ``answer_turns`` is off),
+        tool results. A reply in progress is cut as heard first, unless only its calls' results wait."""
         self.touch()
         if not self._unanswered and not self.tools.waiting:
             raise SessionError("no_input", "there is no new user input to respond to")
+        if self._reply is not None and not self._reply.held and self.tools.complete and not self._unanswered:
+            self._unanswered.after_reply = True  # its words before the calls play out, not cut
+            return
         await self.answer("", TurnTimes(final=time.monotonic()))
 
     def dtmf(self, digit: str) -> None:
-        """The caller pressed a key on the phone: told to the client as an event, in the
-        Realtime API's shape (the key, and the Unix time it came in whole seconds)."""
+        """A key pressed on the phone: an event in the Realtime API's shape (key, Unix s)."""
         self.touch()
         self.emit(ev.DTMF, event=digit, received_at=int(time.time()))
 
@@ -194,9 +195,8 @@ class Session(SessionPort):
 
     async def truncate(self, response_id: str, audio_end_ms: int) -> int:
         """The client played only ``audio_end_ms`` of this reply: it stops here if still
-        going, and it is kept, in the history and the KV, as far as that was heard
-        (when it is the conversation's last reply). Clamped to the audio sent (clients
-        race here); returns the milliseconds kept."""
+        going, and is kept, in history and KV, as far as heard (if the conversation's
+        last reply). Clamped to the audio sent (clients race); returns the ms kept."""
         self.touch()
         if response_id not in self.ledger.turns:
             raise SessionError("unknown_item", f"no reply {response_id!r} in this session")
@@ -209,9 +209,8 @@ class Session(SessionPort):
     async def forget(
         self, response_id: str | None, user_text: str | None = None, reply: bool = False
     ) -> None:
-        """A client deleted a user message (``user_text``: in the turn the reply
-        ``response_id`` answered, or waiting for an answer if None) or that reply: it leaves
-        the history (the KV follows next turn); the reply stops first if still going."""
+        """A client deleted a user message (``user_text``: of the turn ``response_id`` answered,
+        or waiting if None) or that reply: out of the history (the KV follows), stopped first."""
         self.touch()
         if response_id is None:
             self._unanswered.remove(user_text)
@@ -393,8 +392,9 @@ class Session(SessionPort):
             self._finish(reply, "failed")
         elif self._reply is reply:
             self._finish(reply, "completed")
-            if self._unanswered.after_reply and self._unanswered and self.state is State.LISTENING:
-                await self.answer("", TurnTimes(final=time.monotonic()))  # words heard over it
+            waiting = self._unanswered or self.tools.waiting  # words heard over it, or results
+            if self._unanswered.after_reply and waiting and self.state is State.LISTENING:
+                await self.answer("", TurnTimes(final=time.monotonic()))
 
     def _on_state(self, old: State, new: State) -> None:
         self.emit(ev.STATE, state=new.value, previous=old.value)

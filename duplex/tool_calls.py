@@ -101,6 +101,11 @@ class ToolCalls:
         """Results are waiting to be answered (a response may be created for them)."""
         return bool(self.conversation.pending)
 
+    @property
+    def complete(self) -> bool:
+        """Results wait, and every call of the last reply has its result."""
+        return self.waiting and not self.conversation.unanswered()
+
     def teller(self, reply: Emitter) -> Callable[[ToolCall], None]:
         """What tells the client of each call a reply makes, once its arguments are
         whole (so that a call the reply repeats is never told: `Conversation.reply`):

@@ -191,6 +191,10 @@ class Conversation:
         since = next((i for i in range(len(self.turns) - 1, -1, -1) if self.turns[i].user_tokens), 0)
         return self.turns[since:]
 
+    def _outstanding(self) -> list[ToolCall]:
+        """Every call still without a result (a caller who cut in may have left one)."""
+        return [c for t in self.turns for c in t.calls if not self.answered(c.call_id)]
+
     def unanswered(self) -> list[ToolCall]:
         """The last reply's calls still waiting for a result."""
         last = self.turns[-1].calls if self.turns else []
@@ -329,10 +333,13 @@ class Conversation:
             self.last = TurnStats()
             self._replying = True
             choice = choice or ToolChoice()
+            if turn.results and choice.mode in ("required", "named"):
+                choice = ToolChoice()  # a reply to results may speak: a forced call would loop
             constraint = structural_tag(self.tools, choice)
             words = self.engine.config.max_tokens  # what a reply may say; a call gets more room
             limit = words + (CALL_TOKENS if constraint is not None and choice.mode != "none" else 0)
-            made = {c.key() for t in self._user_turn() for c in t.calls}
+            # not made again: a call of this question's, or one still waiting for its result
+            made = {c.key() for c in [*(c for t in self._user_turn() for c in t.calls), *self._outstanding()]}
             writer = ReplyWriter(turn, self._stop_ids, made, on_call)
             try:
                 async with aclosing(self._run(prompt, self.last, limit, structured=constraint)) as deltas:

@@ -29,6 +29,7 @@ class ReplyWriter:
         self._made = made
         self._on_call = on_call
         self._reader = CallReader()
+        self._kept = 0  # the call tokens up to the end of the last call made
 
     def take(self, delta: Delta) -> str:
         """One delta into the turn; the text to speak."""
@@ -41,11 +42,16 @@ class ReplyWriter:
         else:
             turn.reply_tokens += ids
         for event in events:
-            if event.done and event.call.key() not in self._made:
-                self._made.add(event.call.key())
-                turn.calls.append(event.call)
-                if self._on_call is not None:
-                    self._on_call(event.call)
+            if not event.done:
+                continue
+            if event.call.key() in self._made:  # not made again, and out of the history
+                turn.call_tokens = turn.call_tokens[: self._kept]
+                continue
+            self._made.add(event.call.key())
+            self._kept = len(turn.call_tokens)
+            turn.calls.append(event.call)
+            if self._on_call is not None:
+                self._on_call(event.call)
         turn.reply_text += spoken
         return spoken
 

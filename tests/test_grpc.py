@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sys
 import time
 
 import grpc
@@ -211,6 +212,22 @@ async def test_bad_streams_end_with_the_right_status(served):
             grpc.StatusCode.INVALID_ARGUMENT,
             "whole 2-byte samples",
         ),
+        ((config_event(tools=[pb.Tool(name="<|im_end|>")]),), grpc.StatusCode.INVALID_ARGUMENT, "tool name"),
+        (
+            (config_event(tools=[pb.Tool(name="get_weather", parameters_json="{not json")]),),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "get_weather: parameters_json is not JSON",
+        ),
+        (
+            (config_event(tools=[pb.Tool(name=f"t{i}") for i in range(1000)]),),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "1000 tools",
+        ),
+        (
+            (config_event(tool_choice=pb.ToolChoice(mode=pb.ToolChoice.FUNCTION, name="launch")),),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "not a declared tool",
+        ),
         ((config_event(), config_event()), grpc.StatusCode.INVALID_ARGUMENT, "only first"),
         ((config_event(), pb.ClientEvent()), grpc.StatusCode.INVALID_ARGUMENT, "empty ClientEvent"),
         (
@@ -346,6 +363,53 @@ async def test_a_node_grpc_js_client_has_the_same_conversation(served, tts_engin
     assert summary["sequences"] == list(range(len(summary["sequences"])))
     assert summary["metrics"][0]["voice_to_voice_ms"] > 0
     assert summary["turns"] == ["SPEECH_STARTED", "SPEECH_STOPPED", "RESPONSE_STARTED", "RESPONSE_DONE"]
+
+
+async def test_tools_with_a_client_generated_from_the_proto(served, tts_engine, tmp_path):
+    """The assistant calls the client's function over gRPC: a client whose stubs the test
+    generates from proto/duplex.proto (tests/e2e/tool_client.py) declares get_weather with
+    the named choice, speaks the question, answers the ToolCall; the reply that follows
+    begins by itself once the call has its result, and uses it."""
+    from grpc_tools import protoc
+
+    target, _ = served
+    stubs = tmp_path / "stubs"
+    stubs.mkdir()
+    proto = REPO / "proto"
+    assert (
+        protoc.main(
+            [
+                "protoc",
+                f"-I{proto}",
+                f"--python_out={stubs}",
+                f"--grpc_python_out={stubs}",
+                str(proto / "duplex.proto"),
+            ]
+        )
+        == 0
+    )
+    pcm = tmp_path / "question.pcm"
+    pcm.write_bytes(speech(tts_engine, "What is the weather in Paris?").astype("<i2").tobytes())
+    client = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(E2E / "tool_client.py"),
+        target,
+        str(pcm),
+        str(stubs),
+        cwd=tmp_path,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(client.communicate(), 150)
+    assert client.returncode == 0, err.decode()
+    summary = json.loads(out.decode().strip().splitlines()[-1])
+    (call,) = summary["calls"]
+    assert call["name"] == "get_weather" and "paris" in call["arguments"]["city"].lower()
+    assert [status for _, status in summary["done"]] == ["completed", "completed"]
+    (first, _), (second, _) = summary["done"]
+    assert call["response_id"] == first
+    assert "<" not in summary["texts"].get(first, "")  # nothing of the call's markup as text
+    assert "21" in summary["texts"][second] and not summary["errors"]
 
 
 async def test_duplex_client_end_to_end(served, tts_engine, tmp_path):

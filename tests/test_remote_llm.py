@@ -37,6 +37,7 @@ from models.conversation import Conversation
 from models.llm import LlmConfig
 from models.llm_types import Delta, LlmUnavailable
 from models.remote_llm import RemoteLlm
+from models.tools import ToolCall, ToolChoice, ToolLimits, parse_tools
 from tests.conftest import duplex_command, free_port
 from tests.tcp_link import TcpLink
 from tests.test_faults_served import offline_env
@@ -356,6 +357,41 @@ async def test_the_end_of_turn_score_is_the_in_process_engines(remote, llm_engin
     remote_scores = [float(s or 0) for s in scores["remote"]]
     assert remote_scores == pytest.approx(scores["in-process"], abs=0.02), scores
     assert remote_scores[0] > 0.2 > max(remote_scores[1:]), scores
+
+
+async def test_a_call_is_held_to_its_schema_in_the_service_and_its_result_prefills_a_block_at_most(remote):
+    """Through the service, the constraint is applied there (``structured_outputs`` of
+    the completion request): on a later chunk of the session, a required call of
+    get_weather with valid arguments; the reply after its result prefills the result,
+    its framing and at most one KV block more (the server's prefix cache is block-granular)."""
+    weather = {
+        "type": "function",
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    }
+    conversation = Conversation(remote)
+    conversation.set_tools(parse_tools([weather], ToolLimits()))
+    await conversation.prefill("What is the weather")  # the session's first chunk: no constraint
+    calls: list[ToolCall] = []
+    question = conversation.reply("What is the weather in Paris?", "r1", ToolChoice("required"), calls.append)
+    assert "".join([d async for d in question]) == ""
+    assert calls and all(c.name == "get_weather" and set(c.parsed()) == {"city"} for c in calls)
+    for call in calls:
+        conversation.add_result(call.call_id, json.dumps({"temp_c": 21, "sky": "sunny"}))
+    results = sum(len(r.tokens) for r in conversation.pending)
+    framing = len(conversation.format.assistant_close()) + len(conversation.format.assistant_header())
+    answer = "".join([d async for d in conversation.reply("", "r2", ToolChoice("none"))])
+    assert conversation.last.settled
+    assert results + framing <= conversation.last.prefilled_tokens <= results + framing + 32, (
+        conversation.last
+    )
+    assert "21" in answer
+    conversation.close()
 
 
 async def test_sessions_stay_on_their_replica(service, remote):

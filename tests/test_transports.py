@@ -27,7 +27,7 @@ from audio_io.frame import AudioFrame
 from audio_io.grpc_codec import WireFormat
 from audio_io.rtp import PCMU
 from audio_io.webrtc import WebRtcPeer
-from duplex.transports.grpc_stream import GrpcWire
+from duplex.transports.grpc_messages import GrpcWire
 from duplex.transports.link import Link
 from duplex.transports.output import OutputStage
 from duplex.transports.realtime import RealtimeConnection, RealtimeWire

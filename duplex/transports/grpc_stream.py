@@ -1,6 +1,7 @@
 """`Duplex.Converse` (proto/duplex.proto): one gRPC stream, one session.
 
-    ClientEvent stream ─► _read: config check, audio decode, acks, text, cancel ─► Session
+    ClientEvent stream ─► _read: config check, audio decode, acks, text, cancel,
+                              tool results (the reply after them begins by itself) ─► Session
     Session ─► OutputStage(GrpcWire) ─► Outbox (bounded) ─► writer task ─► context.write
 
 The first message must be a `SessionConfig`; problems with the stream itself end it
@@ -40,16 +41,17 @@ from prometheus_client import Counter
 
 from audio_io._proto import duplex_pb2 as pb
 from audio_io._proto import duplex_pb2_grpc as pb_grpc
-from audio_io.frame import AudioFrame, Int16Array
+from audio_io.frame import AudioFrame
 from audio_io.grpc_codec import FormatError, WireFormat
 from audio_io.outbox import Outbox
-from duplex import events as ev
-from duplex.events import Event, SessionError
+from duplex.events import SessionError
 from duplex.port import SessionPort
 from duplex.session_config import SessionConfig
 from duplex.sessions import Sessions
+from duplex.transports.grpc_messages import GrpcWire, Tooling
 from duplex.transports.link import Link
-from duplex.transports.output import Cursor, OutputStage
+from duplex.transports.output import OutputStage
+from models.tools import ToolError
 
 log = logging.getLogger("duplex.grpc")
 
@@ -60,15 +62,6 @@ QUIET_AFTER_HALF_CLOSE_S = 1.5  # after the client half-closes, this long with n
 API_VERSION = 1
 MALFORMED = "a malformed ClientEvent (not protobuf, or a string that is not UTF-8)"
 
-_TURN = {
-    ev.SPEECH_STARTED: pb.TurnEvent.SPEECH_STARTED,
-    ev.SPEECH_STOPPED: pb.TurnEvent.SPEECH_STOPPED,
-    ev.RESPONSE_CREATED: pb.TurnEvent.RESPONSE_STARTED,
-    ev.RESPONSE_DONE: pb.TurnEvent.RESPONSE_DONE,
-    ev.TRUNCATED: pb.TurnEvent.INTERRUPTED,
-    ev.RESUMED: pb.TurnEvent.RESUMED,
-}
-
 
 class StreamEnd(Exception):
     """The stream ends with this status."""
@@ -76,74 +69,6 @@ class StreamEnd(Exception):
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
         super().__init__(message)
         self.code = code
-
-
-def server_event(event: Event) -> pb.ServerEvent | None:
-    """A session event as the API's message (None: not part of the API)."""
-    d: dict[str, Any] = event.data
-    if event.type in (ev.TRANSCRIPT_DELTA, ev.TRANSCRIPT_DONE):
-        final = event.type == ev.TRANSCRIPT_DONE
-        text = d["transcript"] if final else d["delta"]
-        words = [pb.Word(**w) for w in d.get("words", ())]
-        transcript = pb.Transcript(item_id=d["item_id"], text=text, final=final, words=words)
-        return pb.ServerEvent(transcript=transcript)
-    if event.type == ev.TEXT_DELTA:
-        text = pb.AssistantText(response_id=d["response_id"], item_id=d["item_id"], delta=d["delta"])
-        return pb.ServerEvent(text=text)
-    if event.type == ev.METRICS:
-        steps = {k: float(v) for k, v in d.items() if k.endswith("_ms") and k != "voice_to_voice_ms"}
-        voice = float(d.get("voice_to_voice_ms", 0.0))  # a reply to text input has none
-        metrics = pb.Metrics(
-            response_id=d["response_id"],
-            voice_to_voice_ms=voice,
-            steps_ms=steps,
-            prompt_tokens=d.get("prompt_tokens", 0),
-            cached_tokens=d.get("cached_tokens", 0),
-            end_of_turn_score=d.get("end_of_turn_score"),
-        )
-        return pb.ServerEvent(metrics=metrics)
-    if event.type == ev.ERROR:
-        return pb.ServerEvent(error=pb.Error(code=d["error"]["code"], message=d["error"]["message"]))
-    kind = _TURN.get(event.type)
-    if kind is None:
-        return None  # duplex.state: the turn events say it
-    turn = pb.TurnEvent(
-        kind=kind,
-        item_id=d.get("item_id", ""),
-        response_id=d.get("response_id", ""),
-        audio_ms=int(d.get("audio_start_ms", d.get("audio_end_ms", 0))),
-        heard_text=d.get("transcript", ""),
-        status=d.get("status", ""),
-    )
-    return pb.ServerEvent(turn=turn)
-
-
-class GrpcWire:
-    """A stream's output on the wire: reply audio in the client's format, events as messages."""
-
-    transport = "grpc"
-
-    def __init__(self, output: WireFormat) -> None:
-        self.output = output
-        self.rate = output.sample_rate
-        self._sequence = 0
-
-    def frame(self, samples: Int16Array, cursor: Cursor) -> list[pb.ServerEvent]:
-        chunk = pb.AudioChunk(
-            data=self.output.encode(samples), sequence=self._sequence, response_id=cursor.response_id
-        )
-        self._sequence += 1
-        return [pb.ServerEvent(audio=chunk)]
-
-    def event(self, event: Event) -> list[pb.ServerEvent]:
-        message = server_event(event)
-        return [] if message is None else [message]
-
-    def end_reply(self, cursor: Cursor, completed: bool) -> list[pb.ServerEvent]:
-        return []
-
-    def flushed(self) -> list[pb.ServerEvent]:
-        return []
 
 
 def half_closed(reader: asyncio.Task[None]) -> bool:
@@ -190,13 +115,14 @@ class DuplexService(pb_grpc.DuplexServicer):
         requests = aiter(request_iterator)
         try:
             with self.sessions.hold():  # from the first byte on: streams that never configure count
-                config, wire_in, output, voice = await self._configure(requests)
+                config, wire_in, output, voice, tooling = await self._configure(requests)
                 wire, stage, session = await self._open(config, output, voice)
+                session.tools.declare(tooling.tools, tooling.choice)
         except SessionError as e:
             await send_status(context, StreamEnd(*_refused(e)), self.slow_reader_timeout_s)
         except StreamEnd as e:
             await send_status(context, e, self.slow_reader_timeout_s)
-        stream = _Stream(session, wire_in, wire.output, stage.outbox)
+        stream = _Stream(session, wire_in, wire, stage.outbox, tooling.manual_replies)
         wait_s = self.slow_reader_timeout_s
 
         async def close_connection() -> None:
@@ -234,7 +160,7 @@ class DuplexService(pb_grpc.DuplexServicer):
 
     async def _configure(
         self, requests: AsyncIterator[pb.ClientEvent]
-    ) -> tuple[SessionConfig, WireFormat, WireFormat | None, str]:
+    ) -> tuple[SessionConfig, WireFormat, WireFormat | None, str, Tooling]:
         timeout = self.handshake_timeout_s
         try:
             first = await asyncio.wait_for(anext(requests), timeout)
@@ -272,9 +198,10 @@ class DuplexService(pb_grpc.DuplexServicer):
                 word_times=message.word_times,
                 **options,
             )
-        except SessionError as e:
+            tooling = Tooling.parse(message)
+        except (SessionError, ToolError) as e:
             raise StreamEnd(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
-        return config, wire_in, output, message.voice
+        return config, wire_in, output, message.voice, tooling
 
     async def _open(
         self, config: SessionConfig, output: WireFormat | None, voice: str
@@ -304,12 +231,19 @@ class _Stream:
     outbox's messages to the caller until the stream is over."""
 
     def __init__(
-        self, session: SessionPort, wire_in: WireFormat, output: WireFormat, outbox: Outbox[pb.ServerEvent]
+        self,
+        session: SessionPort,
+        wire_in: WireFormat,
+        wire: GrpcWire,
+        outbox: Outbox[pb.ServerEvent],
+        manual_tool_replies: bool = False,
     ) -> None:
         self.session = session
         self.input = wire_in
-        self.output = output
+        self.wire = wire
+        self.output = wire.output
         self.outbox = outbox
+        self.manual_tool_replies = manual_tool_replies
         self.end: StreamEnd | None = None  # how the stream ends, if not with OK
         self._voice_rate = session.voice.sample_rate
 
@@ -338,12 +272,41 @@ class _Stream:
                 await session.push_text(request.text.text)
             elif kind == "cancel":
                 await session.cancel()
+            elif kind == "tool_result":
+                await self._tool_result(request.tool_result)
+            elif kind == "respond":
+                await self._respond(quiet=False)
             elif kind == "config":
                 self._fail(grpc.StatusCode.INVALID_ARGUMENT, "SessionConfig may come only first")
                 return
             else:
                 self._fail(grpc.StatusCode.INVALID_ARGUMENT, "an empty ClientEvent")
                 return
+
+    async def _tool_result(self, result: pb.ToolResult) -> None:
+        """A call's result; once every call of the reply has its result, the reply that
+        uses them begins: now, or when the reply in progress (its words before the
+        calls) has played out, never cutting it (unless ``manual_tool_replies``)."""
+        try:
+            self.session.tools.result(result.call_id, result.output)
+        except SessionError as e:
+            self.session.send_error(e)
+            return
+        if self.manual_tool_replies or not self.session.tools.complete:
+            return
+        # a reply playing: the session answers once it has played (`Session.respond`); the
+        # caller speaking: the results go with their turn
+        if self.wire.replying or not self.session.busy:
+            await self._respond()
+
+    async def _respond(self, quiet: bool = True) -> None:
+        """A reply to what waits (``quiet``: if nothing does any more, a turn of the
+        caller's took the results meanwhile, and that is no error)."""
+        try:
+            await self.session.respond()
+        except SessionError as e:
+            if not (quiet and e.code == "no_input"):
+                self.session.send_error(e)
 
     def _fail(self, code: grpc.StatusCode, message: str) -> None:
         self.end = StreamEnd(code, message)

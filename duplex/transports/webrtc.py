@@ -24,7 +24,13 @@ final transcript's word times, with ``word_times`` on). It takes control message
 - ``{"type": "input_text", "text": "..."}``: a user turn as text;
 - ``{"type": "cancel"}``: stop the reply in progress (kept as far as it was heard);
 - ``{"type": "config", ...}``: change turn-taking settings (`Session.configure`);
-- ``{"type": "respond"}``: answer the turns held while ``answer_turns`` is false.
+- ``{"type": "respond"}``: answer the turns held while ``answer_turns`` is false, and
+  tool results (``tool_choice``, optional: this reply's own);
+- ``{"type": "tools", "tools": [...], "tool_choice": ...}``: the functions the assistant
+  may call, as ``session.update`` takes them on ``/v1/realtime``; its calls come as the
+  Realtime API's function-call events;
+- ``{"type": "tool_result", "call_id": "...", "output": "..."}``: a call's result (then
+  ``respond``, once the reply that made the call is done).
 
 The peer connection and the session close together, whichever goes first. The session
 opens with the answer, so a peer that never connects holds one of ``max_sessions``
@@ -261,9 +267,17 @@ class WebRtcEndpoint:
             elif kind == "cancel":
                 await session.cancel()
             elif kind == "respond":
+                if "tool_choice" in message:  # for this reply alone
+                    session.tools.choose(message["tool_choice"])
                 await session.respond()
             elif kind == "config":
                 session.configure({k: v for k, v in message.items() if k != "type"})
+            elif kind == "tools":
+                session.tools.declare(
+                    *session.tools.parse(message.get("tools", []), message.get("tool_choice"))
+                )
+            elif kind == "tool_result":
+                session.tools.result(message.get("call_id"), message.get("output"))
             else:
                 raise SessionError("bad_message", f"unknown control message type {kind!r}")
         except SessionError as e:
