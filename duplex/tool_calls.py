@@ -24,8 +24,6 @@ from duplex.events import SessionError
 from models.conversation import Conversation
 from models.tools import Tool, ToolCall, ToolChoice, ToolError, ToolLimits, parse_choice, parse_tools
 
-MAX_OUTPUT_CHARS = 16_384  # one tool result: what a spoken answer can use, with room
-
 
 class Emitter(Protocol):
     def emit(self, type_: str, **data: object) -> None: ...
@@ -87,10 +85,9 @@ class ToolCalls:
             raise SessionError("invalid_call_id", "a result needs the call_id of the call it answers")
         if not isinstance(output, str):
             raise SessionError("invalid_tool_output", "a tool's output is a string")
-        if len(output) > MAX_OUTPUT_CHARS:
-            raise SessionError(
-                "tool_output_too_large", f"a tool's output is at most {MAX_OUTPUT_CHARS} characters"
-            )
+        if len(output) > self.limits.max_output_chars:
+            limit = self.limits.max_output_chars
+            raise SessionError("tool_output_too_large", f"a tool's output is at most {limit} characters")
         try:
             self.conversation.add_result(call_id, output)
         except ToolError as e:

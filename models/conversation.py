@@ -96,6 +96,7 @@ class Conversation:
         self.engine = engine
         self.format = engine.chat_format
         self.tools: tuple[Tool, ...] = ()
+        self._constraints: dict[ToolChoice, str | None] = {}  # a choice's structural tag, per tool set
         self.set_system_prompt(system_prompt)
         self._user_open = self.format.user_open()
         self._user_close = self.format.user_close()
@@ -126,6 +127,7 @@ class Conversation:
             raise ToolError("this model's chat template has no tool role: it cannot take tools")
         self.tools = tools
         self._system = self.format.system(self.system_prompt, tools)
+        self._constraints.clear()
 
     # -- the token sequence --
 
@@ -335,7 +337,9 @@ class Conversation:
             choice = choice or ToolChoice()
             if turn.results and choice.mode in ("required", "named"):
                 choice = ToolChoice()  # a reply to results may speak: a forced call would loop
-            constraint = structural_tag(self.tools, choice)
+            if choice not in self._constraints:  # (up to 64 schemas as JSON: not per reply)
+                self._constraints[choice] = structural_tag(self.tools, choice)
+            constraint = self._constraints[choice]
             words = self.engine.config.max_tokens  # what a reply may say; a call gets more room
             limit = words + (CALL_TOKENS if constraint is not None and choice.mode != "none" else 0)
             # not made again: a call of this question's, or one still waiting for its result

@@ -52,6 +52,7 @@ class ToolLimits:
     max_description_chars: int = 1024
     max_schema_bytes: int = 16_384
     max_schema_depth: int = 16  # objects and arrays nested in one schema
+    max_output_chars: int = 16_384  # one result: what a spoken answer can use, with room
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ class Tool:
 
     def call_begin(self) -> str:
         """What a call of this tool starts with, up to its arguments."""
-        return f'{CALL_OPEN}\n{{"name": "{self.name}", "arguments": '
+        return call_begin(self.name)
 
 
 @dataclass(frozen=True)
@@ -217,9 +218,15 @@ def structural_tag(tools: tuple[Tool, ...], choice: ToolChoice) -> str | None:
     return json.dumps({"type": "structural_tag", "format": fmt})
 
 
+def call_begin(name: str) -> str:
+    """What a call of ``name`` starts with, up to its arguments (the grammar's tag opens
+    with it; `CallReader` reads it back)."""
+    return f'{CALL_OPEN}\n{{"name": "{name}", "arguments": '
+
+
 def call_text(call: ToolCall) -> str:
-    """A call as the model writes it (for history a client adds itself)."""
-    return f'{CALL_OPEN}\n{{"name": "{call.name}", "arguments": {call.arguments}{CALL_CLOSE}'
+    """A call as the model writes it."""
+    return call_begin(call.name) + call.arguments + CALL_CLOSE
 
 
 @dataclass

@@ -48,6 +48,7 @@ from duplex.transports.twilio import TwilioEndpoint
 from tests.conftest import speech
 from tests.hostile import lag_tried
 from tests.realtime_shapes import check, checked_sdk
+from tests.weather_tool import WEATHER
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
 
@@ -187,19 +188,6 @@ async def test_a_spoken_question_gets_a_spoken_reply_with_transcripts(served, tt
     assert samples.size / 24000 >= 1.0
     assert wer([(transcript, asr_engine.transcribe(resample(samples, 24000, RUNTIME_RATE)))]) <= 0.3
     await closed(sessions)
-
-
-WEATHER = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "The weather now in a city.",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}},
-        "required": ["city"],
-        "additionalProperties": False,
-    },
-}
 
 
 async def test_a_spoken_question_calls_the_clients_function_and_the_reply_uses_its_result(

@@ -22,6 +22,7 @@ from duplex.transports.realtime_events import RealtimeWire
 from duplex.transports.realtime_pace import Pace
 from duplex.transports.webrtc import PeerWire
 from tests.realtime_shapes import MODELS, ShapeError, check
+from tests.weather_tool import WEATHER
 
 
 def nested(depth: int) -> list[Any]:
@@ -363,14 +364,6 @@ class ToolPort:
 
         self.conversation = ToolConversation()
         self.tools = ToolCalls(cast(Any, self.conversation))
-
-
-WEATHER = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "The weather in a city.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-}
 
 
 def update(session: dict[str, Any]) -> str:

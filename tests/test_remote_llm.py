@@ -43,6 +43,7 @@ from tests.tcp_link import TcpLink
 from tests.test_faults_served import offline_env
 from tests.test_serve import Server, get_health
 from tests.test_sessions import samples
+from tests.weather_tool import WEATHER
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
 
@@ -364,18 +365,8 @@ async def test_a_call_is_held_to_its_schema_in_the_service_and_its_result_prefil
     the completion request): on a later chunk of the session, a required call of
     get_weather with valid arguments; the reply after its result prefills the result,
     its framing and at most one KV block more (the server's prefix cache is block-granular)."""
-    weather = {
-        "type": "function",
-        "name": "get_weather",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-            "additionalProperties": False,
-        },
-    }
     conversation = Conversation(remote)
-    conversation.set_tools(parse_tools([weather], ToolLimits()))
+    conversation.set_tools(parse_tools([WEATHER], ToolLimits()))
     await conversation.prefill("What is the weather")  # the session's first chunk: no constraint
     calls: list[ToolCall] = []
     question = conversation.reply("What is the weather in Paris?", "r1", ToolChoice("required"), calls.append)

@@ -8,20 +8,10 @@ import pytest
 
 from models.conversation import Conversation
 from models.tools import ToolCall, ToolChoice, ToolLimits, parse_tools
+from tests.weather_tool import WEATHER
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="session"), pytest.mark.background]
 
-WEATHER = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "The weather now in a city.",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}},
-        "required": ["city"],
-        "additionalProperties": False,
-    },
-}
 TOOLS = parse_tools([WEATHER], ToolLimits())
 
 

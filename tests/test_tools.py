@@ -20,18 +20,8 @@ from models.tools import (
     parse_tools,
     structural_tag,
 )
+from tests.weather_tool import WEATHER
 
-WEATHER = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "The weather now in a city.",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}},
-        "required": ["city"],
-        "additionalProperties": False,
-    },
-}
 TIME = {
     "type": "function",
     "name": "get_time",
