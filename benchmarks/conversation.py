@@ -151,7 +151,7 @@ async def _session(
         "cuts": cuts,
         "exact": exact,
         "inexact": inexact,
-        "self_interruptions": _self_interruptions(caller, session.pauses),
+        "self_interruptions": _self_interruptions(caller, session.turns.pauses),
         "audio_gaps": _audio_gaps(caller),
         "replies": len(created),
         "heard_s": sum(f.samples for f in caller.frames) / engines.tts.sample_rate,

@@ -49,6 +49,7 @@ NAMES = (
     "ar_variants",
     "conversation",
     "endpoint",
+    "tools",
     "soak",
 )
 

@@ -137,7 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     bench.add_argument(
-        "stage", choices=("asr", "tts", "ar", "ar-cpu", "ar-variants", "conversation", "endpoint", "soak")
+        "stage",
+        choices=("asr", "tts", "ar", "ar-cpu", "ar-variants", "conversation", "endpoint", "soak", "tools"),
     )
     bench.add_argument("--sessions", default="1,4,8", help="concurrent sessions to measure, comma-separated")
     bench.add_argument("--quick", action="store_true", help="fewer repetitions (for smoke tests)")

@@ -30,6 +30,8 @@ METRICS = "duplex.turn.metrics"  # per-turn latency breakdown
 CALL_ADDED = "response.output_item.added"
 CALL_DELTA = "response.function_call_arguments.delta"
 CALL_DONE = "response.function_call_arguments.done"
+# a call had no result in time (duplex.tool_wait): call_id, name, timeout_s
+TOOL_TIMEOUT = "duplex.tool.timeout"
 DTMF = "input_audio_buffer.dtmf_event_received"  # the caller pressed a key (telephony): event, received_at
 
 

@@ -106,6 +106,10 @@ CONTEXT_TOKENS = Histogram(
     "a reply's prompt in tokens: the conversation the LLM attends over",
     buckets=(64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768),
 )
+TOOL_RESULT_TOKENS = Counter(
+    "duplex_tool_result_tokens_total",
+    "tool results' tokens in replies' prompts (a reply to results prefills them and their framing only)",
+)
 
 
 def _installed(*names: str) -> str:
@@ -133,7 +137,9 @@ def set_build_info() -> dict[str, str]:
     return labels
 
 
-def observe_turn(breakdown_ms: dict[str, float], prompt_tokens: int, cached_tokens: int) -> None:
+def observe_turn(
+    breakdown_ms: dict[str, float], prompt_tokens: int, cached_tokens: int, result_tokens: int = 0
+) -> None:
     for name, value in breakdown_ms.items():
         if name == "voice_to_voice_ms":
             VOICE_TO_VOICE.observe(value / 1000)
@@ -143,6 +149,8 @@ def observe_turn(breakdown_ms: dict[str, float], prompt_tokens: int, cached_toke
         PROMPT_TOKENS.labels("cached").inc(cached_tokens)
         PROMPT_TOKENS.labels("prefilled").inc(prompt_tokens - cached_tokens)
         CONTEXT_TOKENS.observe(prompt_tokens)
+    if result_tokens:
+        TOOL_RESULT_TOKENS.inc(result_tokens)
 
 
 class LoopLag:

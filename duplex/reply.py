@@ -107,8 +107,10 @@ class Reply:
         host: ReplyHost,
         held: bool = False,
         session_id: str = "",
+        said: str | None = None,
     ) -> None:
         self.id = id
+        self.said = said is not None  # the service's own words (`Session.say`), not the model's
         self.session_id = session_id
         self.item_id = item_id
         self.user_text = user_text  # what it answers
@@ -296,7 +298,10 @@ class Reply:
         """Its figures, told once: the latency breakdown as at its first audio (then with
         its prompt's ``stats``), and the prompt's figures once they are the LLM's own (a
         remote LLM says what its cache held with the request's last words; a reply
-        stopped before them reports the estimate `TurnStats` kept)."""
+        stopped before them reports the estimate `TurnStats` kept). The service's own
+        words (`said`) have no figures of the model's."""
+        if self.said:
+            return
         if stats is not None:
             self._unreported = (self.times.breakdown_ms(), stats)
         if self._unreported is None or not (self._unreported[1].settled or self.words_ended):
@@ -309,7 +314,9 @@ class Reply:
         }
         if self.times.end_of_turn_score is not None:
             tokens["end_of_turn_score"] = round(self.times.end_of_turn_score, 4)
-        metrics.observe_turn(breakdown, stats.prompt_tokens, stats.cached_tokens)
+        if stats.result_tokens:
+            tokens["result_tokens"] = stats.result_tokens
+        metrics.observe_turn(breakdown, stats.prompt_tokens, stats.cached_tokens, stats.result_tokens)
         log.info("session %s: %s began", self.session_id, self.id, extra={"fields": breakdown | tokens})
         self._out.sink.event(Event(ev.METRICS, {"response_id": self.id, **breakdown, **tokens}))
 
@@ -326,7 +333,9 @@ def llm_failure(e: LlmError) -> SessionError:
 
 
 async def gather_cancelled(tasks: list[asyncio.Task[None]]) -> None:
-    """Await tasks that were cancelled; any other failure is logged, not raised."""
+    """Cancel tasks (again, if they were) and await them; any other failure is logged, not raised."""
+    for task in tasks:
+        task.cancel()
     results: list[object] = await asyncio.gather(*tasks, return_exceptions=True)
     for result in results:
         if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):

@@ -22,7 +22,6 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Sequence
 from dataclasses import replace
 
 from audio_io.frame import AudioFrame, Int16Array
@@ -40,6 +39,7 @@ from duplex.session_config import SessionConfig, check_system_prompt
 from duplex.session_watch import WatchedSink
 from duplex.state import State, StateMachine
 from duplex.tool_calls import ToolCalls
+from duplex.tool_wait import ToolWait, saying
 from duplex.turn import TurnTimes, UnansweredTurns
 from duplex.turn_ports import ReplyView
 from duplex.turn_taking import TurnTaking
@@ -64,6 +64,7 @@ class Session(SessionPort):
         self.machine = StateMachine(self._on_state)
         self.conversation = Conversation(engines.llm, self.config.system_prompt)
         self.tools = ToolCalls(self.conversation)  # the client's functions, their calls and results
+        self.tool_wait = ToolWait(self.conversation, self)  # what the caller hears while they run
         self.ledger = PlayoutLedger(engines.tts.sample_rate)
         self.echo = EchoGate(self.config.echo_suppression_db)
         canceller = EchoCanceller() if self.config.echo_cancellation else None
@@ -76,7 +77,7 @@ class Session(SessionPort):
         self._listen_task: asyncio.Task[None] | None = None
         self._reply: Reply | None = None
         self._items = itertools.count()
-        self._unanswered = UnansweredTurns()  # user turns not answered yet (`respond`)
+        self.unanswered = UnansweredTurns()  # user turns not answered yet (`respond`)
         self.last_input = time.monotonic()  # when the transport last sent anything (`touch`)
         self.closed = asyncio.Event()  # set by `close`, for the transport to end its side
 
@@ -87,20 +88,10 @@ class Session(SessionPort):
         return self.machine.state
 
     @property
-    def barge_ins(self) -> int:
-        return self._turns.barge_ins if self._turns else 0
-
-    @property
-    def resumes(self) -> int:
-        return self._turns.resumes if self._turns else 0
-
-    @property
-    def false_alarms(self) -> int:
-        return self._turns.false_alarms if self._turns else 0
-
-    @property
-    def pauses(self) -> Sequence[float]:  # speech over a reply paused it (`TurnTaking.pauses`)
-        return self._turns.pauses if self._turns else ()
+    def turns(self) -> TurnTaking:
+        """Who speaks when, with its counts (barge-ins, resumes, false alarms, pauses)."""
+        assert self._turns is not None, "the session has not started"
+        return self._turns
 
     async def start(self) -> None:
         self._listener = Listener(self.engines.vad, self.engines.asr, self._vad_config)
@@ -122,9 +113,9 @@ class Session(SessionPort):
         if reply is not None:
             await reply.stop()
             self._finish(reply, "cancelled")
+        await self.tool_wait.close()
+        await self.tools.close()
         tasks = [*self._turns.tasks, self._listen_task] if self._turns and self._listen_task else []
-        for task in tasks:
-            task.cancel()
         await gather_cancelled(tasks)
         if self._listener is not None:
             self._listener.close()
@@ -170,16 +161,16 @@ class Session(SessionPort):
             text = check_user_text(text)
         except LlmError as e:
             raise SessionError("bad_text", str(e)) from None
-        self._unanswered.add(text)
+        self.unanswered.add(text)
 
     async def respond(self) -> None:
         """Answer what waits: user turns (`add_turn`'s, those held while ``answer_turns`` is off),
         tool results. A reply in progress is cut as heard first, unless only its calls' results wait."""
         self.touch()
-        if not self._unanswered and not self.tools.waiting:
+        if not self.unanswered and not self.tools.waiting:
             raise SessionError("no_input", "there is no new user input to respond to")
-        if self._reply is not None and not self._reply.held and self.tools.complete and not self._unanswered:
-            self._unanswered.after_reply = True  # its words before the calls play out, not cut
+        if self._reply is not None and not self._reply.held and self.tools.complete and not self.unanswered:
+            self.unanswered.after_reply = True  # its words before the calls play out, not cut
             return
         await self.answer("", TurnTimes(final=time.monotonic()))
 
@@ -213,7 +204,7 @@ class Session(SessionPort):
         or waiting if None) or that reply: out of the history (the KV follows), stopped first."""
         self.touch()
         if response_id is None:
-            self._unanswered.remove(user_text)
+            self.unanswered.remove(user_text)
             return
         await self._stop(response_id)
         self.conversation.forget(response_id, user_text, reply)
@@ -264,10 +255,6 @@ class Session(SessionPort):
     def reply(self) -> Reply | None:
         return self._reply
 
-    @property
-    def unanswered(self) -> UnansweredTurns:
-        return self._unanswered
-
     def begin_user_turn(self, position: int) -> str:
         item = f"item_{next(self._items)}"
         self.machine.to(State.USER_SPEAKING)
@@ -285,22 +272,28 @@ class Session(SessionPort):
         different tasks, and either may have begun one while the other waited."""
         while self._reply is not None:
             await self.stop_reply()
-        self._respond(self._unanswered.take(text), times)
+        self._respond(self.unanswered.take(text), times)
 
     def hold(self, text: str, times: TurnTimes) -> None:
         self._respond(text, times, held=True)
 
-    def _respond(self, text: str, times: TurnTimes, held: bool = False) -> None:
+    def say(self, text: str) -> None:
+        """The service's own words (`ToolWait`): a reply of their own, not in the conversation."""
+        self._respond("", TurnTimes(final=time.monotonic()), said=text)
+
+    def _respond(self, text: str, times: TurnTimes, held: bool = False, said: str | None = None) -> None:
         assert self._reply is None, "a reply is already in progress"
         n = next(self._items)
         tts = self.engines.tts.stream()
-        reply = Reply(f"resp_{n}", f"item_{n}", text, times, tts, self._out, self, held, self.id)
+        reply = Reply(f"resp_{n}", f"item_{n}", text, times, tts, self._out, self, held, self.id, said)
         self._reply = reply
         self.ledger.start_turn(reply.id)
         if not held:
             self.machine.to(State.RESPONDING)
         reply.emit(ev.RESPONSE_CREATED)
-        reply.start(self.conversation.reply(text, reply.id, *self.tools.bind(reply)), self.conversation.abort)
+        chat = self.conversation  # (a reply of the service's own words has no LLM to abort)
+        words = chat.reply(text, reply.id, *self.tools.bind(reply)) if said is None else saying(said)
+        reply.start(words, chat.abort)
 
     def release(self, reply: ReplyView) -> None:
         assert reply is self._reply, "released a reply that is not the session's"
@@ -355,7 +348,7 @@ class Session(SessionPort):
 
     async def turn_score(self, words: str) -> float | None:
         try:
-            return await self.conversation.end_of_turn(self._unanswered.with_(words))
+            return await self.conversation.end_of_turn(self.unanswered.with_(words))
         except LlmError:  # the LLM is out: silence alone ends the turn
             return None
 
@@ -372,9 +365,12 @@ class Session(SessionPort):
             return
         self._reply = None
         self._quick_onsets(False)
+        if not reply.begun and reply.times.call is not None:  # a call alone: figures with no audio
+            reply.report(self.conversation.last)
         reply.end(status)
         if self.state is State.RESPONDING:
             self.machine.to(State.LISTENING)
+        self.tool_wait.watch(self.conversation.outstanding())  # results awaited from now
 
     # -- what its replies need (`ReplyHost`) --
 
@@ -392,9 +388,10 @@ class Session(SessionPort):
             self._finish(reply, "failed")
         elif self._reply is reply:
             self._finish(reply, "completed")
-            waiting = self._unanswered or self.tools.waiting  # words heard over it, or results
-            if self._unanswered.after_reply and waiting and self.state is State.LISTENING:
+            waiting = self.unanswered or self.tools.waiting  # words heard over it, or results
+            if self.unanswered.after_reply and waiting and self.state is State.LISTENING:
                 await self.answer("", TurnTimes(final=time.monotonic()))
 
     def _on_state(self, old: State, new: State) -> None:
         self.emit(ev.STATE, state=new.value, previous=old.value)
+        self.tool_wait.poke()

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from models.vad import VadConfig
 
 MAX_SYSTEM_PROMPT = 8000  # characters
+MAX_SAID_CHARS = 200  # the service's own words (a filler, an apology)
 # A pause this long starts the judgement of the caller's turn: the final pass, the LLM's
 # score and the held reply. One VAD window, the soonest the VAD can tell, so that the
 # reply is ready by `certain_turn_ms`; pauses this short inside an utterance are rare
@@ -74,6 +75,13 @@ class SessionConfig:
     barge_in: bool = True  # the caller's speech cuts the reply; false: it is the next turn
     vad_threshold: float = 0.5  # speech probability that counts as speech
     speech_prefix_ms: int = 30  # audio before the detected start that belongs to the utterance
+    # while the client's functions run (`duplex.tool_wait`): a filler when no result has
+    # come this long after the reply that made the calls (0: none), and an apology when
+    # none has come in this long (the call is then answered with an error result)
+    tool_filler_ms: int = 800
+    tool_filler_text: str = "One moment."
+    tool_timeout_s: float = 15.0
+    tool_timeout_text: str = "Sorry, I could not get an answer."
 
     # settings a client may change while the session runs (`Session.configure`)
     RUNTIME_KEYS: ClassVar[tuple[str, ...]] = (
@@ -94,6 +102,10 @@ class SessionConfig:
         "barge_in",
         "vad_threshold",
         "speech_prefix_ms",
+        "tool_filler_ms",
+        "tool_filler_text",
+        "tool_timeout_s",
+        "tool_timeout_text",
     )
 
     def __post_init__(self) -> None:
@@ -109,12 +121,19 @@ class SessionConfig:
             ("unfinished_turn_ms", 200, 5000),
             ("barge_in_min_speech_ms", 20, 1000),
             ("speech_prefix_ms", 0, 2000),
+            ("tool_filler_ms", 0, 10000),
         ):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
                 raise SessionError("bad_config", f"{key} must be a whole number from {low} to {high}")
         if not isinstance(self.echo_suppression_db, int | float) or not 0 <= self.echo_suppression_db <= 40:
             raise SessionError("bad_config", "echo_suppression_db must be a number from 0 to 40")
+        timeout = self.tool_timeout_s
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0.5 <= timeout <= 600:
+            raise SessionError("bad_config", "tool_timeout_s must be a number from 0.5 to 600")
+        for key in ("tool_filler_text", "tool_timeout_text"):
+            if not isinstance(getattr(self, key), str) or len(getattr(self, key)) > MAX_SAID_CHARS:
+                raise SessionError("bad_config", f"{key} must be a string of at most {MAX_SAID_CHARS} chars")
         threshold = self.vad_threshold
         if (
             isinstance(threshold, bool)

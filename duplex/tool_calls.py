@@ -16,16 +16,29 @@ results are checked here (`models.tools` holds the rules): a bad one is a typed
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from duplex import events as ev
 from duplex.events import SessionError
+from duplex.turn import TurnTimes
 from models.conversation import Conversation
+from models.llm_types import Constraint, LlmError
 from models.tools import Tool, ToolCall, ToolChoice, ToolError, ToolLimits, parse_choice, parse_tools
+
+log = logging.getLogger("duplex.tools")
 
 
 class Emitter(Protocol):
+    """A reply, as far as its calls go: its events and its times."""
+
+    times: TurnTimes
+
     def emit(self, type_: str, **data: object) -> None: ...
 
 
@@ -39,14 +52,22 @@ class ToolCalls:
         self.limits = limits or ToolLimits()
         self.choice = ToolChoice()
         self._next: ToolChoice | None = None  # the next response's own choice
+        self._last_result: float | None = None  # when the newest result came
+        self._compiling: asyncio.Task[None] | None = None  # the declared tools' grammars, ahead
+        self._compiled = itertools.count()
 
     @property
     def declared(self) -> tuple[Tool, ...]:
         return self.conversation.tools
 
-    def parse(self, raw_tools: Any, raw_choice: Any = None) -> tuple[tuple[Tool, ...], ToolChoice]:
+    async def parse(self, raw_tools: Any, raw_choice: Any = None) -> tuple[tuple[Tool, ...], ToolChoice]:
         """A client's function tools and ``tool_choice`` (None: the current one, or auto
-        if it named a tool no longer declared), checked against the session's limits."""
+        if it named a tool no longer declared), checked against the session's limits, on
+        a thread: a declaration at the limits takes jsonschema some 40 ms to check, and
+        every session's audio waits while the event loop does not turn."""
+        return await asyncio.to_thread(self._parse, raw_tools, raw_choice)
+
+    def _parse(self, raw_tools: Any, raw_choice: Any) -> tuple[tuple[Tool, ...], ToolChoice]:
         try:
             tools = parse_tools(raw_tools, self.limits)
             if raw_choice is not None:
@@ -65,6 +86,35 @@ class ToolCalls:
             except ToolError as e:
                 raise refused(e) from None
         self.choice = choice
+        if self._compiling is not None:
+            self._compiling.cancel()
+        self._compiling = asyncio.create_task(self._compile(choice), name="tool-grammar")
+
+    async def _compile(self, choice: ToolChoice) -> None:
+        """Have the LLM compile the grammars of replies under ``choice`` (and of replies to
+        results, held to `auto`) now, not at the first reply: a one-token request each on
+        the system block, which the LLM's prefix cache then holds for the first turn too.
+        Best effort: a failure is the first reply's to meet."""
+        chat = self.conversation
+        for tag in dict.fromkeys([chat.constraint_for(choice), chat.constraint_for(ToolChoice())]):
+            if tag is None:
+                continue
+            request = f"{chat.session}-grammar{next(self._compiled)}"
+            started = time.perf_counter()
+            try:
+                async for _ in chat.engine.generate(request, chat.system, 1, constraint=Constraint(tag)):
+                    pass
+            except LlmError as e:
+                log.info("%s: the tools' grammar was not compiled ahead: %s", chat.session, e)
+                return
+            spent_ms = (time.perf_counter() - started) * 1000
+            log.debug("%s: a grammar compiled, the system block prefilled: %.0f ms", chat.session, spent_ms)
+
+    async def close(self) -> None:
+        if self._compiling is not None:
+            self._compiling.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._compiling
 
     def choose(self, raw_choice: Any) -> None:
         """The next response's own ``tool_choice`` (``response.create``'s override)."""
@@ -77,6 +127,8 @@ class ToolCalls:
         """For a reply begun now: the choice it is held to, and what tells the client of
         the calls it writes (`teller`)."""
         choice, self._next = self._next or self.choice, None
+        if self.waiting:  # it answers results: the time from the client's last to its audio
+            reply.times.result, self._last_result = self._last_result, None
         return choice, self.teller(reply)
 
     def result(self, call_id: Any, output: Any) -> None:
@@ -92,6 +144,7 @@ class ToolCalls:
             self.conversation.add_result(call_id, output)
         except ToolError as e:
             raise refused(e) from None
+        self._last_result = time.monotonic()
 
     @property
     def waiting(self) -> bool:
@@ -113,6 +166,8 @@ class ToolCalls:
             nonlocal told
             common: dict[str, object] = {"call_id": call.call_id, "call_index": told}
             told += 1
+            if reply.times.call is None:
+                reply.times.call = time.monotonic()
             reply.emit(ev.CALL_ADDED, **common, name=call.name)
             reply.emit(ev.CALL_DELTA, **common, delta=call.arguments)
             reply.emit(ev.CALL_DONE, **common, name=call.name, arguments=call.arguments)

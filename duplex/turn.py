@@ -27,6 +27,8 @@ class TurnTimes:
     first_sent: float | None = None  # the first frame left the server
     silence_ms: float | None = None  # the pause that ended the turn had lasted this long
     end_of_turn_score: float | None = None  # the LLM's P(the turn is over) at that pause
+    call: float | None = None  # the reply wrote its first call of a client's function (whole)
+    result: float | None = None  # the last of the tool results it answers came
 
     def breakdown_ms(self) -> dict[str, float]:
         def ms(a: float | None, b: float | None) -> float | None:
@@ -42,6 +44,8 @@ class TurnTimes:
             "tts_first_audio_ms": ms(self.first_phrase, self.first_audio),
             "send_ms": ms(self.first_audio, self.first_sent),
             "voice_to_voice_ms": ms(self.speech_end, self.first_sent),
+            "tool_call_ms": ms(self.final, self.call),  # the end of the turn to its call
+            "tool_result_to_audio_ms": ms(self.result, self.first_sent),
         }
         return {k: v for k, v in steps.items() if v is not None}
 

@@ -45,13 +45,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from models.llm_backend import LlmBackend, TokenStream
-from models.llm_types import Delta, LlmError
+from models.llm_types import Constraint, Delta, LlmError
 from models.reply_writer import ReplyWriter
 from models.tools import Tool, ToolCall, ToolChoice, ToolError, structural_tag
 from models.turn_record import ToolResult, Turn
 
 MAX_USER_CHARS = 4000  # ~1,000 tokens: more than anyone says in one breath
 CALL_TOKENS = 256  # what a reply that may call a tool gets beyond the spoken reply's limit
+# With tools, a reply says something (or calls): the bundled model, shown a result or held
+# from calling, often ends at once, and an empty result left the caller in silence.
+MIN_ANSWER_TOKENS = 2
 
 
 @dataclass
@@ -63,6 +66,7 @@ class TurnStats:
     first_token_s: float | None = None
     settled: bool = False  # cached_tokens is the LLM's own figure
     end_of_turn: float | None = None  # a prefill's: P(the user's message ends after its words)
+    result_tokens: int = 0  # tool results in the prompt (prefilled: the KV had the rest)
 
     @property
     def prefilled_tokens(self) -> int:
@@ -118,16 +122,30 @@ class Conversation:
         """New instructions from the next turn on (the KV is re-prefilled once: the
         history no longer starts with what it holds)."""
         self.system_prompt = self.engine.config.system_prompt if system_prompt is None else system_prompt
-        self._system = self.format.system(self.system_prompt, self.tools)
+        self.system = self.format.system(self.system_prompt, self.tools)  # its tokens (with the tools)
 
     def set_tools(self, tools: tuple[Tool, ...]) -> None:
         """The tools the model is shown from the next turn on (in the system block: a
         change re-prefills the KV once, like new instructions)."""
         if tools and self.format.tool_prefix is None:
             raise ToolError("this model's chat template has no tool role: it cannot take tools")
+        system = self.format.system(self.system_prompt, tools)
+        config = self.engine.config  # the system block may take half of what a turn leaves
+        room = (config.max_model_len - config.max_tokens - CALL_TOKENS) // 2
+        if tools and len(system) > room:
+            raise ToolError(
+                f"the instructions and tools are {len(system)} tokens, more than the {room} "
+                "this model's context leaves them"
+            )
         self.tools = tools
-        self._system = self.format.system(self.system_prompt, tools)
+        self.system = system
         self._constraints.clear()
+
+    def constraint_for(self, choice: ToolChoice) -> str | None:
+        """The structural tag of replies under ``choice``, made once per tool set."""
+        if choice not in self._constraints:
+            self._constraints[choice] = structural_tag(self.tools, choice)
+        return self._constraints[choice]
 
     # -- the token sequence --
 
@@ -139,7 +157,7 @@ class Conversation:
         return tokens + self.format.assistant_header()
 
     def history_tokens(self) -> list[int]:
-        tokens = list(self._system)
+        tokens = list(self.system)
         for turn in self.turns:
             tokens += self._question(turn)
             tokens += turn.reply_tokens + turn.call_tokens + self._assistant_close
@@ -193,7 +211,7 @@ class Conversation:
         since = next((i for i in range(len(self.turns) - 1, -1, -1) if self.turns[i].user_tokens), 0)
         return self.turns[since:]
 
-    def _outstanding(self) -> list[ToolCall]:
+    def outstanding(self) -> list[ToolCall]:
         """Every call still without a result (a caller who cut in may have left one)."""
         return [c for t in self.turns for c in t.calls if not self.answered(c.call_id)]
 
@@ -235,7 +253,7 @@ class Conversation:
         stats: TurnStats,
         max_tokens: int,
         logprobs_of: list[int] | None = None,
-        structured: str | None = None,
+        constraint: Constraint | None = None,
     ) -> AsyncGenerator[Delta, None]:
         """Bring the stream's KV to `target` and stream what is sampled after it."""
         stream, chunk = self._stream_for(target)
@@ -245,7 +263,7 @@ class Conversation:
         if not chunk:
             return
         started = time.perf_counter()
-        run = stream.run(chunk, max_tokens, logprobs_of=logprobs_of, structured=structured)
+        run = stream.run(chunk, max_tokens, logprobs_of=logprobs_of, constraint=constraint)
         async with aclosing(run) as deltas:
             async for delta in deltas:  # (closed with this generator: a chunk stopped early ends at once)
                 if stats.first_token_s is None:
@@ -332,27 +350,29 @@ class Conversation:
             turn = Turn(text, tokens, turn_id, results=self.pending)
             self.pending = []
             self.turns.append(turn)
-            self.last = TurnStats()
+            self.last = TurnStats(result_tokens=sum(len(r.tokens) for r in turn.results))
             self._replying = True
             choice = choice or ToolChoice()
             if turn.results and choice.mode in ("required", "named"):
                 choice = ToolChoice()  # a reply to results may speak: a forced call would loop
-            if choice not in self._constraints:  # (up to 64 schemas as JSON: not per reply)
-                self._constraints[choice] = structural_tag(self.tools, choice)
-            constraint = self._constraints[choice]
+            tag = self.constraint_for(choice)
+            least = MIN_ANSWER_TOKENS if self.tools or turn.results else 0
             words = self.engine.config.max_tokens  # what a reply may say; a call gets more room
-            limit = words + (CALL_TOKENS if constraint is not None and choice.mode != "none" else 0)
+            limit = words + (CALL_TOKENS if tag is not None and choice.mode != "none" else 0)
             # not made again: a call of this question's, or one still waiting for its result
-            made = {c.key() for c in [*(c for t in self._user_turn() for c in t.calls), *self._outstanding()]}
+            made = {c.key() for c in [*(c for t in self._user_turn() for c in t.calls), *self.outstanding()]}
             writer = ReplyWriter(turn, self._stop_ids, made, on_call)
             try:
-                async with aclosing(self._run(prompt, self.last, limit, structured=constraint)) as deltas:
+                run = self._run(prompt, self.last, limit, constraint=Constraint(tag, least))
+                async with aclosing(run) as deltas:
                     async for delta in deltas:
                         spoken = writer.take(delta)
                         if spoken:
                             yield spoken
                         if limit > words and writer.spoken(words):
                             break  # the spoken reply's bound, whatever room a call was given
+                        if writer.repeated:
+                            break
             except LlmError:
                 self.turns.remove(turn)
                 self.pending = turn.results + self.pending

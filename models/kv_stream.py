@@ -27,7 +27,7 @@ import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, Protocol
 
-from models.llm_types import Delta, LlmError
+from models.llm_types import Constraint, Delta, LlmError
 
 _END = None  # the request ended (aborted, closed, or failed): no more outputs
 
@@ -53,7 +53,7 @@ class StreamEngine(Protocol):
         max_tokens: int,
         ignore_eos: bool,
         logprobs_of: list[int] | None = None,
-        structured: str | None = None,
+        constraint: Constraint | None = None,
     ) -> Any: ...
 
     def generate_streaming(self, request_id: str, inputs: AsyncIterator[Any]) -> AsyncIterator[Delta]: ...
@@ -85,10 +85,10 @@ class KvStream:
         max_tokens: int,
         ignore_eos: bool = False,
         logprobs_of: list[int] | None = None,
-        structured: str | None = None,
+        constraint: Constraint | None = None,
     ) -> AsyncGenerator[Delta, None]:
         """Prefill `chunk` on top of `tokens` and stream what is sampled after it
-        (``structured``: a structural tag it must follow, `models.tools`).
+        (``constraint``: what it is held to, `models.tools`).
 
         Ends after the chunk's last output, or early when the request is aborted (then
         `alive` is False and `tokens` no longer says anything).
@@ -100,7 +100,7 @@ class KvStream:
             raise ValueError("an empty chunk")
         self.engine.reserve(self.request_id, len(chunk) + max_tokens)
         self.busy = True
-        chunk_input = self.engine.streaming_input(chunk, max_tokens, ignore_eos, logprobs_of, structured)
+        chunk_input = self.engine.streaming_input(chunk, max_tokens, ignore_eos, logprobs_of, constraint)
         self._inputs.put_nowait(chunk_input)
         if self._reader is None:
             self._reader = asyncio.create_task(self._read(), name=f"llm-{self.request_id}")

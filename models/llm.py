@@ -39,7 +39,7 @@ from models.chat_format import ChatFormat
 from models.handoff import in_daemon_thread
 from models.kv_budget import KvBudget
 from models.kv_stream import KvStream
-from models.llm_types import Delta, EngineCounters, LlmError, LlmUnavailable
+from models.llm_types import Constraint, Delta, EngineCounters, LlmError, LlmUnavailable
 from models.verify import resolve_dtype
 
 if TYPE_CHECKING:
@@ -227,6 +227,7 @@ class LlmEngine:
         prompt_token_ids: list[int],
         max_tokens: int | None = None,
         ignore_eos: bool = False,
+        constraint: Constraint | None = None,
     ) -> AsyncIterator[Delta]:
         """Stream a reply; closing the iterator early aborts the request in vLLM."""
         engine = self._running()
@@ -234,7 +235,7 @@ class LlmEngine:
             raise LlmError(
                 f"prompt of {len(prompt_token_ids)} tokens exceeds the context of {self.config.max_model_len}"
             )
-        params = self._params(max_tokens or self.config.max_tokens, ignore_eos)
+        params = self._params(max_tokens or self.config.max_tokens, ignore_eos, constraint=constraint)
         # vLLM may modify the prompt list in place: give it a copy
         async for delta in self._deltas(
             engine.generate({"prompt_token_ids": list(prompt_token_ids)}, params, request_id)
@@ -246,19 +247,21 @@ class LlmEngine:
         max_tokens: int,
         ignore_eos: bool = False,
         logprobs_of: list[int] | None = None,
-        structured: str | None = None,
+        constraint: Constraint | None = None,
     ) -> Any:
-        """``structured``: a structural tag the sampled tokens must follow (`models.tools`)."""
+        """``constraint``: what the sampled tokens are held to (`models.tools`)."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
+        tag = constraint.structural_tag if constraint else None
         return SamplingParams(
             max_tokens=max_tokens,
             temperature=self.config.temperature,
             output_kind=RequestOutputKind.DELTA,
             ignore_eos=ignore_eos,
             logprob_token_ids=logprobs_of or None,
-            structured_outputs=StructuredOutputsParams(structural_tag=structured) if structured else None,
+            min_tokens=constraint.min_tokens if constraint else 0,
+            structured_outputs=StructuredOutputsParams(structural_tag=tag) if tag else None,
         )
 
     async def _deltas(self, stream: Any) -> AsyncIterator[Delta]:
@@ -302,7 +305,7 @@ class LlmEngine:
         max_tokens: int,
         ignore_eos: bool,
         logprobs_of: list[int] | None = None,
-        structured: str | None = None,
+        constraint: Constraint | None = None,
     ) -> Any:
         """One chunk of a stream; its structured-output constraint holds for this chunk
         alone (`models.vllm_shims`, which makes a later chunk's hold at all)."""
@@ -310,7 +313,7 @@ class LlmEngine:
         from vllm.inputs.engine import tokens_input
 
         assert not set(logprobs_of or ()) - set(self._stream_logprobs), "a stream's logprobs are fixed"
-        params = self._params(max_tokens, ignore_eos, self._stream_logprobs, structured)
+        params = self._params(max_tokens, ignore_eos, self._stream_logprobs, constraint)
         return StreamingInput(tokens_input(list(chunk)), params)
 
     def generate_streaming(self, request_id: str, inputs: AsyncIterator[Any]) -> AsyncIterator[Delta]:

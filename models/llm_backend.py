@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TYPE_CHECKING, Any, Protocol
 
-from models.llm_types import Delta, EngineCounters
+from models.llm_types import Constraint, Delta, EngineCounters
 
 if TYPE_CHECKING:
     from models.chat_format import ChatFormat
@@ -47,12 +47,12 @@ class TokenStream(Protocol):
         max_tokens: int,
         ignore_eos: bool = False,
         logprobs_of: list[int] | None = None,
-        structured: str | None = None,
+        constraint: Constraint | None = None,
     ) -> AsyncGenerator[Delta, None]:
         """Prefill `chunk` after `tokens`, stream what is sampled; afterwards `tokens` is
         what the KV holds (the chunk and all but the last sampled token). ``logprobs_of``:
         tokens whose log-probability at the first sampled position the deltas carry;
-        ``structured``: a structural tag (`models.tools`) the sampled text must follow."""
+        ``constraint``: what the sampled text is held to (`models.tools`)."""
 
     def close(self) -> None:
         """End the stream; its KV stays in the prefix cache until it is needed."""
@@ -97,6 +97,7 @@ class LlmBackend(Protocol):
         prompt_token_ids: list[int],
         max_tokens: int | None = None,
         ignore_eos: bool = False,
+        constraint: Constraint | None = None,
     ) -> AsyncIterator[Delta]:
         """One request on a whole prompt; closing the iterator early stops it."""
 

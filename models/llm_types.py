@@ -53,3 +53,12 @@ class EngineCounters:
             self.decode_tokens += details.num_generation_tokens
             self.steps += 1
         self.kv_usage = scheduler_stats.kv_cache_usage
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """What a reply's sampled tokens are held to: a structural tag (`models.tools`), and
+    how many tokens come before a stop may end it (an answer that must say something)."""
+
+    structural_tag: str | None = None
+    min_tokens: int = 0

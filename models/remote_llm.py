@@ -45,7 +45,7 @@ import aiohttp
 from models.chat_format import ChatFormat
 from models.handoff import in_daemon_thread
 from models.llm import LlmConfig
-from models.llm_types import Delta, EngineCounters, LlmError, LlmUnavailable
+from models.llm_types import Constraint, Delta, EngineCounters, LlmError, LlmUnavailable
 from models.remote_llm_wire import Retryable, deltas, http_error
 from models.remote_stream import RemoteStream
 
@@ -252,10 +252,13 @@ class RemoteLlm:
         prompt_token_ids: list[int],
         max_tokens: int | None = None,
         ignore_eos: bool = False,
+        constraint: Constraint | None = None,
     ) -> AsyncIterator[Delta]:
         key = f"{self._instance}-{request_id}"
         limit = max_tokens or self.config.max_tokens
-        async for delta in self.complete(request_id, key, prompt_token_ids, limit, ignore_eos):
+        async for delta in self.complete(
+            request_id, key, prompt_token_ids, limit, ignore_eos, constraint=constraint
+        ):
             yield delta
 
     async def abort(self, request_id: str) -> None:
@@ -274,12 +277,12 @@ class RemoteLlm:
         ignore_eos: bool,
         wire_id: str | None = None,
         logprobs_of: list[int] | None = None,
-        structured: str | None = None,
+        constraint: Constraint | None = None,
     ) -> AsyncIterator[Delta]:
         """One streamed completion on ``prompt``, which `abort` (``request_id``) stops
         quietly; ``wire_id`` is the server's name for it (unique per request);
-        ``logprobs_of``: tokens whose log-probabilities the deltas carry; ``structured``:
-        a structural tag the server holds the completion to (`models.tools`)."""
+        ``logprobs_of``: tokens whose log-probabilities the deltas carry; ``constraint``:
+        what the server holds the completion to (`models.tools`)."""
         if self._http is None:
             raise LlmUnavailable("the LLM service's client is closed")
         if not self.reachable and not await self.probe():  # (the engine watch probes too)
@@ -301,8 +304,10 @@ class RemoteLlm:
         }
         if not self.prefix_caching:
             body["cache_salt"] = uuid.uuid4().hex
-        if structured:  # vLLM's structured outputs, applied in the server
-            body["structured_outputs"] = {"structural_tag": structured}
+        if constraint is not None and constraint.structural_tag:  # vLLM's structured outputs, in the server
+            body["structured_outputs"] = {"structural_tag": constraint.structural_tag}
+        if constraint is not None and constraint.min_tokens:
+            body["min_tokens"] = constraint.min_tokens
         if logprobs_of:  # keyed "token_id:N" in the answer, not by the token's text
             body |= {"logprobs": 1, "logprob_token_ids": logprobs_of, "return_tokens_as_token_ids": True}
         headers = {SESSION_HEADER: session_key, "X-Request-Id": wire_id or request_id}

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Protocol
 
-from models.llm_types import Delta, LlmError
+from models.llm_types import Constraint, Delta, LlmError
 
 
 class Completions(Protocol):
@@ -29,7 +29,7 @@ class Completions(Protocol):
         ignore_eos: bool,
         wire_id: str | None = None,
         logprobs_of: list[int] | None = None,
-        structured: str | None = None,
+        constraint: Constraint | None = None,
     ) -> AsyncIterator[Delta]: ...
 
 
@@ -55,7 +55,7 @@ class RemoteStream:
         max_tokens: int,
         ignore_eos: bool = False,
         logprobs_of: list[int] | None = None,
-        structured: str | None = None,
+        constraint: Constraint | None = None,
     ) -> AsyncGenerator[Delta, None]:
         assert not self.busy, "one chunk at a time"
         if not self.alive:
@@ -76,7 +76,7 @@ class RemoteStream:
                 ignore_eos,
                 wire_id=f"{self.session_key}-{self.request_id}-c{self._chunks}",
                 logprobs_of=logprobs_of,
-                structured=structured,
+                constraint=constraint,
             ):
                 generated += delta.token_ids
                 finished = delta.finish_reason is not None

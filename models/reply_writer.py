@@ -30,6 +30,10 @@ class ReplyWriter:
         self._on_call = on_call
         self._reader = CallReader()
         self._kept = 0  # the call tokens up to the end of the last call made
+        # it wrote a call made already: a model held to calls (`required`) goes on
+        # repeating it until its tokens run out (20 s at the bundled model's pace), and the
+        # answer waits for the reply's end: it ends here
+        self.repeated = False
 
     def take(self, delta: Delta) -> str:
         """One delta into the turn; the text to speak."""
@@ -46,6 +50,7 @@ class ReplyWriter:
                 continue
             if event.call.key() in self._made:  # not made again, and out of the history
                 turn.call_tokens = turn.call_tokens[: self._kept]
+                self.repeated = True
                 continue
             self._made.add(event.call.key())
             self._kept = len(turn.call_tokens)

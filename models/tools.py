@@ -34,6 +34,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 CALL_OPEN = "<tool_call>"
+# whitespace in a row inside a call's arguments: enough for pretty-printed JSON three
+# objects deep; held to its schema alone, the bundled model wrote newlines and spaces
+# inside `{` until its tokens ran out (the call never closed)
+MAX_WHITESPACE = 16
 CALL_CLOSE = "}\n</tool_call>"
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
@@ -52,6 +56,10 @@ class ToolLimits:
     max_description_chars: int = 1024
     max_schema_bytes: int = 16_384
     max_schema_depth: int = 16  # objects and arrays nested in one schema
+    # all the tools together, as JSON: what the model reads before every turn (and what
+    # checking them costs: 64 tools of the sizes above took 1.5 s of jsonschema's checks
+    # and were 310,376 tokens, far over any context we serve)
+    max_declaration_bytes: int = 32_768
     max_output_chars: int = 16_384  # one result: what a spoken answer can use, with room
 
 
@@ -155,6 +163,13 @@ def parse_tools(raw: Any, limits: ToolLimits) -> tuple[Tool, ...]:
         raise ToolError("tools must be a list")
     if len(raw) > limits.max_tools:
         raise ToolError(f"{len(raw)} tools, more than the {limits.max_tools} allowed")
+    try:
+        size = len(json.dumps(raw))
+    except (TypeError, ValueError, RecursionError):
+        raise ToolError("tools must be JSON") from None
+    if size > limits.max_declaration_bytes:
+        most = limits.max_declaration_bytes
+        raise ToolError(f"the tools are {size} bytes as JSON, more than the {most} allowed")
     tools = tuple(parse_tool(item, limits) for item in raw)
     names = [tool.name for tool in tools]
     if len(set(names)) != len(names):
@@ -195,9 +210,30 @@ def _tag(tool: Tool) -> dict[str, Any]:
     return {
         "type": "tag",
         "begin": tool.call_begin(),
-        "content": {"type": "json_schema", "json_schema": tool.parameters},
+        "content": {
+            "type": "json_schema",
+            "json_schema": closed(tool.parameters),
+            "max_whitespace_cnt": MAX_WHITESPACE,
+        },
         "end": CALL_CLOSE,
     }
+
+
+def closed(schema: Any) -> Any:
+    """The schema with every object that does not say otherwise closed to the properties
+    it names (``additionalProperties: false``), for the grammar only: JSON Schema lets an
+    object have any other keys, and the bundled model, held to the page's
+    ``{"type": "object", "properties": {}}``, wrote keys until the reply's tokens ran out,
+    so the call never closed. What the grammar allows still validates against the
+    client's schema (a part of what it allows)."""
+    if isinstance(schema, list):
+        return [closed(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: closed(value) for key, value in schema.items()}
+    if (schema.get("type") == "object" or "properties" in schema) and "additionalProperties" not in schema:
+        out["additionalProperties"] = False
+    return out
 
 
 def structural_tag(tools: tuple[Tool, ...], choice: ToolChoice) -> str | None:
@@ -208,7 +244,9 @@ def structural_tag(tools: tuple[Tool, ...], choice: ToolChoice) -> str | None:
     tags = [_tag(tool) for tool in tools]
     fmt: dict[str, Any]
     if choice.mode == "none":
-        fmt = {"type": "any_text", "excludes": [CALL_OPEN]}
+        # not even the start of a call's markup: the bundled model, held from calling
+        # only at ``<tool_call>``'s end, wrote ``<tool_call`` and ended there (nothing said)
+        fmt = {"type": "regex", "pattern": "[^<]*"}
     elif choice.mode == "required":
         fmt = {"type": "tags_with_separator", "tags": tags, "separator": "\n", "at_least_one": True}
     elif choice.mode == "named":

@@ -232,6 +232,25 @@ def test_a_spoken_question_in_the_browser_gets_a_spoken_reply(served, tts_engine
     shutil.copy(tmp_path / "out" / "page.png", ARTIFACTS / "demo_turn.png")
 
 
+def test_the_assistant_calls_the_pages_own_tool_and_speaks_its_result(served, tts_engine, tmp_path):
+    """The page declares get_time on the data channel (?tool_choice=required: the call is
+    not left to the bundled model's whim); the call shows in the conversation, the page
+    answers it, and the reply that follows uses the time it gave."""
+    wav = fake_mic(tmp_path / "mic.wav", tts_engine, 3.0, "What time is it now?", 16.0)
+    url = f"{served.url}/?autostart=1&processing=0&tool_choice=required"
+    result = browse(served, wav, tmp_path / "out", "--until-turns", "2", url=url)
+    demo = result["demo"]
+    (call,) = demo["toolCalls"]
+    assert call["name"] == "get_time" and json.loads(call["arguments"]) == {}
+    told = json.loads(call["output"])["time"]
+    first, second = demo["assistantTurns"][:2]
+    assert first["status"] == "completed" and first["text"] == ""  # the call alone: nothing spoken
+    assert second["status"] == "completed" and second["text"]
+    hour = told.split(":")[0]
+    assert hour in second["text"], (told, second["text"])
+    assert not demo["errors"]
+
+
 def test_barge_in_in_the_browser_cuts_the_reply_to_what_was_heard(served, tts_engine, asr_engine, tmp_path):
     wav = fake_mic(
         tmp_path / "mic.wav",

@@ -149,7 +149,7 @@ async def test_a_question_over_the_reply_is_judged_and_prepared_in_its_pause(eng
         await session.close()
     first, second = caller.of_type(ev.RESPONSE_DONE)
     assert first.data["status"] == "cancelled" and second.data["status"] == "completed"
-    assert session.barge_ins == 1
+    assert session.turns.barge_ins == 1
     _, answer = caller.of_type(ev.METRICS)
     assert answer.data.get("end_of_turn_score", 0) >= session.config.complete_turn_threshold, answer.data
     assert answer.data["silence_waited_ms"] < session.config.end_of_turn_ms

@@ -186,10 +186,10 @@ async def test_a_reply_dropped_before_its_first_token_leaves_no_trace(llm_engine
     reached = asyncio.Event()
     real_run = KvStream.run
 
-    async def held(stream, chunk, max_tokens, ignore_eos=False, logprobs_of=None, structured=None):
+    async def held(stream, chunk, max_tokens, ignore_eos=False, logprobs_of=None, constraint=None):
         reached.set()
         await asyncio.Event().wait()  # no token ever comes: the reply is dropped here
-        async for delta in real_run(stream, chunk, max_tokens, ignore_eos, logprobs_of, structured):
+        async for delta in real_run(stream, chunk, max_tokens, ignore_eos, logprobs_of, constraint):
             yield delta  # pragma: no cover
 
     monkeypatch.setattr(KvStream, "run", held)
@@ -248,7 +248,7 @@ async def test_a_turn_too_big_for_the_context_is_refused_and_others_carry_on(llm
     conversation = Conversation(llm_engine)
     huge = " ".join(["lorem ipsum dolor sit amet"] * (MAX_USER_CHARS // 27))
     conversation.system_prompt = huge  # a system prompt alone filling the context
-    conversation._system = conversation.format.system(huge * 2)
+    conversation.system = conversation.format.system(huge * 2)
     with pytest.raises(LlmError, match="tokens"):
         await say(conversation, "Hello?")
     assert "Paris" in await say(Conversation(llm_engine), "What is the capital of France?")

@@ -212,15 +212,78 @@ async def test_a_spoken_question_calls_the_clients_function_and_the_reply_uses_i
         (done,) = [e for e in seen if e.type == "response.done"]
         assert [o.type for o in done.response.output] == ["message", "function_call"]
         assert done.response.output[1].call_id == call.call_id
-        output = json.dumps({"temp_c": 21, "sky": "sunny"})
-        await conn.conversation.item.create(
-            item={"type": "function_call_output", "call_id": call.call_id, "output": output}
-        )
+        await conn.conversation.item.create(item=result_for(call))
         await conn.response.create(response={"tool_choice": "none"})
         seen = await events_until(conn, "response.done")
     transcript = [e for e in seen if e.type == "response.done"][0].response.output[0].content[0].transcript
     assert "21" in transcript
     assert not [e for e in seen if e.type.startswith("response.function_call")]
+    await closed(sessions)
+
+
+def transcript_of(done: Any) -> str:
+    return done.response.output[0].content[0].transcript
+
+
+async def asked_for_the_weather(conn: Any) -> tuple[Any, list[Any]]:
+    """The session's get_weather named, "What is the weather in Paris?" asked in text:
+    its call, and the events up to its response's end."""
+    await conn.recv()
+    named = {"type": "function", "name": "get_weather"}
+    await conn.session.update(session={"type": "realtime", "tools": [WEATHER], "tool_choice": named})
+    await ask_in_text(conn, "What is the weather in Paris?")
+    seen = await events_until(conn, "response.done")
+    (call,) = [e for e in seen if e.type == "response.function_call_arguments.done"]
+    return call, seen
+
+
+def result_for(call: Any) -> dict[str, str]:
+    """The client's answer to a get_weather call, as a function_call_output item."""
+    output = json.dumps({"temp_c": 21, "sky": "sunny"})
+    return {"type": "function_call_output", "call_id": call.call_id, "output": output}
+
+
+async def test_a_slow_result_gets_a_filler_and_a_result_during_it_is_answered_after_it(served):
+    """No result within tool_filler_ms (800 by default) after the call: the service says
+    its filler, as a response of its own; the result that comes while it plays is not
+    lost and does not cut it: the answer follows it."""
+    client, sessions = served
+    async with client.realtime.connect(model="duplex") as conn:
+        call, seen = await asked_for_the_weather(conn)
+        seen = await events_until(conn, "response.output_audio.delta")  # the client is slow: a filler
+        (filler,) = [e.response.id for e in seen if e.type == "response.created"]
+        await conn.conversation.item.create(item=result_for(call))
+        await conn.response.create(response={"tool_choice": "none"})
+        seen = await events_until(conn, "response.done", count=2)
+    done = [e for e in seen if e.type == "response.done"]
+    assert [d.response.id for d in done][:1] == [filler] and done[0].response.status == "completed"
+    assert transcript_of(done[0]) == "One moment."  # whole: the result did not cut it
+    assert done[1].response.status == "completed" and "21" in transcript_of(done[1])
+    assert not [e for e in seen if e.type == "error"]
+    await closed(sessions)
+
+
+async def test_a_call_outstanding_when_the_caller_goes_on_is_not_made_again_nor_its_answer_spoken_over(
+    served,
+):
+    """The caller asks something else before the call's result came: that is answered;
+    the result, coming while that answer plays, waits for it (not cut, not talked over),
+    and the reply after it uses the result. The call is made once."""
+    client, sessions = served
+    async with client.realtime.connect(model="duplex") as conn:
+        call, seen = await asked_for_the_weather(conn)
+        await conn.session.update(session={"type": "realtime", "tool_choice": "auto"})
+        await ask_in_text(conn, QUESTION)
+        seen += await events_until(conn, "response.output_audio.delta")
+        await conn.conversation.item.create(item=result_for(call))
+        await conn.response.create(response={"tool_choice": "none"})
+        seen += await events_until(conn, "response.done", count=2)
+    done = [e for e in seen if e.type == "response.done"]
+    assert [d.response.status for d in done] == ["completed"] * 3
+    assert "Pacific" in transcript_of(done[1])  # the caller's new question, played out whole
+    answer = transcript_of(done[2])
+    assert "21" in answer or "sunny" in answer.lower(), answer  # what only the result said
+    assert len([e for e in seen if e.type == "response.function_call_arguments.done"]) == 1
     await closed(sessions)
 
 

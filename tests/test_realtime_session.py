@@ -349,6 +349,9 @@ class ToolConversation:
     def set_tools(self, tools: tuple) -> None:
         self.tools = tools
 
+    def constraint_for(self, choice: object) -> None:
+        return None  # (no LLM: nothing to compile ahead)
+
     def add_result(self, call_id: str, output: str) -> None:
         from models.tools import ToolError
 

@@ -59,7 +59,7 @@ async def test_a_held_reply_dropped_before_its_first_token_leaves_no_trace(engin
     dropped = asyncio.Event()
     real_run = KvStream.run
 
-    async def run(stream, chunk, max_tokens, ignore_eos=False, logprobs_of=None, structured=None):
+    async def run(stream, chunk, max_tokens, ignore_eos=False, logprobs_of=None, constraint=None):
         if max_tokens > 1 and not dropped.is_set():  # a reply (prefills take one token)
             held.append(chunk)
             try:
@@ -67,7 +67,7 @@ async def test_a_held_reply_dropped_before_its_first_token_leaves_no_trace(engin
             except asyncio.CancelledError:
                 dropped.set()
                 raise
-        async for delta in real_run(stream, chunk, max_tokens, ignore_eos, logprobs_of, structured):
+        async for delta in real_run(stream, chunk, max_tokens, ignore_eos, logprobs_of, constraint):
             yield delta
 
     monkeypatch.setattr(KvStream, "run", run)
@@ -153,7 +153,7 @@ async def test_barge_in_cuts_the_reply_to_what_was_heard(engines, tts_engine):
     messages = session.conversation.messages()
     assert messages[2]["content"] == expected
     assert "stop" in messages[3]["content"].lower() and "plus" in messages[3]["content"].lower()
-    assert session.barge_ins == 1
+    assert session.turns.barge_ins == 1
 
 
 def echo_heard(monkeypatch) -> list[bool]:
@@ -179,7 +179,7 @@ async def test_the_assistants_own_echo_does_not_interrupt_it(engines, tts_engine
     )
     (done,) = caller.of_type(ev.RESPONSE_DONE)
     assert done.data["status"] == "completed"
-    assert session.barge_ins == session.resumes == session.false_alarms == 0
+    assert session.turns.barge_ins == session.turns.resumes == session.turns.false_alarms == 0
     assert not caller.flushes
     assert any(heard)  # the echo did reach the VAD as speech, and was judged the echo
 
@@ -206,12 +206,12 @@ async def test_the_echo_is_not_transcribed_and_a_caller_over_it_is(engines, tts_
     )
     assert any(ignored)  # the VAD heard the echo as speech, and the session left it untranscribed
     first, _ = caller.of_type(ev.RESPONSE_DONE)
-    assert first.data["status"] == "cancelled" and session.barge_ins == 1
+    assert first.data["status"] == "cancelled" and session.turns.barge_ins == 1
     played_from = caller.first_frame(first.data["response_id"])
-    assert played_from is not None and session.pauses
+    assert played_from is not None and session.turns.pauses
     # from its echo's first VAD utterance until the caller's voice rose over it
-    over_echo = [t for t in submitted if played_from + 0.4 < t < session.pauses[0]]
-    assert session.pauses[0] - played_from > 2.0 and over_echo == []
+    over_echo = [t for t in submitted if played_from + 0.4 < t < session.turns.pauses[0]]
+    assert session.turns.pauses[0] - played_from > 2.0 and over_echo == []
     heard = session.conversation.messages()[3]["content"].lower()
     assert "stop" in heard and "plus" in heard
 
@@ -232,7 +232,7 @@ async def test_a_backchannel_does_not_interrupt(engines, tts_engine):
     assert len(caller.of_type(ev.RESPONSE_DONE)) == 1, heard
     (done,) = caller.of_type(ev.RESPONSE_DONE)
     assert done.data["status"] == "completed"
-    assert session.barge_ins == 0 and session.resumes == 1
+    assert session.turns.barge_ins == 0 and session.turns.resumes == 1
     assert not caller.of_type(ev.TRUNCATED)
 
 
@@ -282,7 +282,7 @@ async def test_speech_without_words_over_the_reply_resumes_it(engines, tts_engin
         engines,
         [Silence(0.3), Speak(ask), UntilHeard(1.0), Speak(speech(tts_engine, "Ahh.")), Silence(3.0)],
     )
-    assert session.resumes == 1 and session.barge_ins == 0
+    assert session.turns.resumes == 1 and session.turns.barge_ins == 0
     (resumed,) = caller.of_type(ev.RESUMED)
     rid = resumed.data["response_id"]
     # paused at once, then the same reply went on where it stopped
@@ -300,8 +300,8 @@ async def test_a_click_over_the_reply_pauses_it_only_briefly(engines, tts_engine
     )
     # paused on the loud frame, before the VAD could judge it; the VAD heard no voice,
     # so the reply went on by itself: no interruption, nothing flushed or cut
-    assert session.false_alarms == 1
-    assert session.barge_ins == session.resumes == 0
+    assert session.turns.false_alarms == 1
+    assert session.turns.barge_ins == session.turns.resumes == 0
     assert not caller.flushes and not caller.of_type(ev.TRUNCATED) and not caller.of_type(ev.RESUMED)
     click_at = caller.voice_spans[-1][0]
     times = np.array([f.at for f in caller.frames])
@@ -329,7 +329,8 @@ async def test_echo_never_interrupts_over_20_replies(engines, tts_engine, monkey
         await session.close()
     done = caller.of_type(ev.RESPONSE_DONE)
     assert len(done) == 20 and all(d.data["status"] == "completed" for d in done)
-    assert session.barge_ins == session.resumes == session.false_alarms == 0 and not caller.flushes
+    turns = session.turns
+    assert turns.barge_ins == turns.resumes == turns.false_alarms == 0 and not caller.flushes
     assert sum(heard) >= 5  # the echo reached the VAD as speech over several replies, and was judged so
 
 
@@ -442,7 +443,7 @@ async def test_with_barge_in_off_the_reply_plays_on_and_words_over_it_are_answer
         await session.close()
     first, second = caller.of_type(ev.RESPONSE_DONE)
     assert first.data["status"] == second.data["status"] == "completed"
-    assert not caller.flushes and session.barge_ins == 0 and not caller.of_type(ev.TRUNCATED)
+    assert not caller.flushes and session.turns.barge_ins == 0 and not caller.of_type(ev.TRUNCATED)
     asked, heard_over = caller.of_type(ev.TRANSCRIPT_DONE)
     assert "plus" in heard_over.data["transcript"].lower()
     assert heard_over.at < first.at  # heard while the reply played ...
@@ -490,7 +491,7 @@ async def test_user_turns_waiting_for_a_reply_are_bounded_by_what_one_reply_take
                 session.add_turn(line)
                 taken += 1
         assert info.value.code == "too_much_input"
-        assert taken == MAX_USER_CHARS // 996 and sum(map(len, session._unanswered)) <= MAX_USER_CHARS
+        assert taken == MAX_USER_CHARS // 996 and sum(map(len, session.unanswered)) <= MAX_USER_CHARS
         session.add_turn("Hi.")  # a short one still fits
     finally:
         await session.close()

@@ -5,6 +5,7 @@ into spoken text and calls, and outside text kept as data in the prompt's tokens
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -102,6 +103,25 @@ def test_a_schema_100_levels_deep_and_1000_tools_are_refused() -> None:
         parse_tools([WEATHER, WEATHER], LIMITS)
 
 
+def test_a_declaration_at_every_tools_limit_is_refused_whole_and_at_once() -> None:
+    """64 tools, each at the description and schema limits: 1 MB the model would read
+    before every turn. Refused by its size before any schema is checked (jsonschema took
+    1.5 s over them, on the event loop of the session that declared them)."""
+    properties = {f"p{i}": {"type": "string", "description": "x" * 150} for i in range(80)}
+    big = {
+        **WEATHER,
+        "description": "d" * LIMITS.max_description_chars,
+        "parameters": {"properties": properties},
+    }
+    assert len(json.dumps(big["parameters"])) <= LIMITS.max_schema_bytes  # each tool alone is allowed
+    parse_tools([big], LIMITS)
+    started = time.perf_counter()
+    with pytest.raises(ToolError, match="more than the 32768 allowed") as refused:
+        parse_tools([{**big, "name": f"tool_{i}"} for i in range(64)], LIMITS)
+    assert refused.value.code == "invalid_tool"
+    print(f"refused in {(time.perf_counter() - started) * 1000:.1f} ms")  # (a figure, not asserted)
+
+
 def test_tool_choice_shapes() -> None:
     declared = tools()
     assert parse_choice("required", declared) == ToolChoice("required")
@@ -130,6 +150,29 @@ def test_auto_lets_the_model_speak_or_call_but_a_call_is_valid_to_its_end() -> N
     assert not accepts(tag, PARIS + " And more words.")  # the reply ends with its call
 
 
+def test_an_object_is_held_to_the_keys_it_names_unless_its_schema_allows_more() -> None:
+    """A call of ``{"type": "object", "properties": {}}`` is ``{}``: open objects let the
+    bundled model write keys until its tokens ran out (the call never closed)."""
+    bare = parse_tools([{**TIME, "parameters": {"type": "object", "properties": {}}}], LIMITS)
+    tag = structural_tag(bare, ToolChoice("named", "get_time"))
+    assert tag is not None
+    assert accepts(tag, call("get_time", "{}"))
+    assert not accepts(tag, call("get_time", '{"zone": "UTC"}'))
+    nested = {"type": "object", "properties": {"where": {"type": "object", "properties": {"city": {}}}}}
+    tag = structural_tag(parse_tools([{**TIME, "parameters": nested}], LIMITS), ToolChoice("required"))
+    assert tag is not None
+    assert accepts(tag, call("get_time", '{"where": {"city": "Oslo"}}'))
+    assert not accepts(tag, call("get_time", '{"where": {"city": "Oslo", "zone": 1}}'))
+    open_ = {"type": "object", "properties": {}, "additionalProperties": {"type": "integer"}}
+    tag = structural_tag(parse_tools([{**TIME, "parameters": open_}], LIMITS), ToolChoice("required"))
+    assert tag is not None
+    assert accepts(tag, call("get_time", '{"zone": 1}'))  # the client's own choice stands
+    named = structural_tag(bare, ToolChoice("named", "get_time"))
+    assert named is not None
+    assert accepts(named, call("get_time", "{\n    }"))
+    assert not accepts(named, call("get_time", "{" + " \n" * 40 + "}"))  # no endless whitespace
+
+
 def test_required_is_calls_only_one_or_several() -> None:
     tag = structural_tag(tools(), ToolChoice("required"))
     assert tag is not None
@@ -149,6 +192,7 @@ def test_a_named_choice_is_one_call_of_that_tool_and_none_is_never_a_call() -> N
     assert none is not None
     assert accepts(none, "It is sunny.")
     assert not accepts(none, "Sure. " + PARIS)
+    assert not accepts(none, "<tool_call") and accepts(none, "It is 21 °C — sunny, and 3 > 2.")
     assert structural_tag((), ToolChoice("required")) is None  # no tools: no constraint
 
 

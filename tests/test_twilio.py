@@ -375,7 +375,7 @@ async def test_a_loud_line_echo_does_not_interrupt_the_reply_and_the_caller_stil
     (cut,) = recorder.of(ev.TRUNCATED)
     assert cut.data["audio_end_ms"] >= 3000 and cut.data["transcript"]
     (session,) = recorder.sessions
-    assert session.barge_ins == 1
+    assert session.turns.barge_ins == 1
     assert caller.marks
 
 

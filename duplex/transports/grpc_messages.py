@@ -60,6 +60,9 @@ def server_event(event: Event) -> pb.ServerEvent | None:
         return pb.ServerEvent(tool_call=call)
     if event.type in (ev.CALL_ADDED, ev.CALL_DELTA):
         return None
+    if event.type == ev.TOOL_TIMEOUT:  # the client's failure to answer, as the error it is
+        said = f"call {d['call_id']} ({d['name']}) had no result in {d['timeout_s']:g} s; answered as failed"
+        return pb.ServerEvent(error=pb.Error(code="tool_timeout", message=said))
     kind = _TURN.get(event.type)
     if kind is None:
         return None  # duplex.state: the turn events say it

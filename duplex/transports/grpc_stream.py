@@ -198,7 +198,7 @@ class DuplexService(pb_grpc.DuplexServicer):
                 word_times=message.word_times,
                 **options,
             )
-            tooling = Tooling.parse(message)
+            tooling = await asyncio.to_thread(Tooling.parse, message)  # (jsonschema: off the loop)
         except (SessionError, ToolError) as e:
             raise StreamEnd(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
         return config, wire_in, output, message.voice, tooling

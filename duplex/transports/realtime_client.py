@@ -154,7 +154,7 @@ class RealtimeConnection(RealtimeItems):
         if isinstance(raw, dict) and ("tools" in raw or "tool_choice" in raw):
             given = raw.get("tools", [t.declaration() for t in self.config.tools])
             try:  # checked before anything changes: all or nothing
-                tools = self.session.tools.parse([] if given is None else given, raw.get("tool_choice"))
+                tools = await self.session.tools.parse([] if given is None else given, raw.get("tool_choice"))
             except SessionError as e:
                 param = "session.tool_choice" if e.code == "invalid_tool_choice" else "session.tools"
                 raise RealtimeError(str(e), e.code, param) from None

@@ -274,7 +274,7 @@ class WebRtcEndpoint:
                 session.configure({k: v for k, v in message.items() if k != "type"})
             elif kind == "tools":
                 session.tools.declare(
-                    *session.tools.parse(message.get("tools", []), message.get("tool_choice"))
+                    *await session.tools.parse(message.get("tools", []), message.get("tool_choice"))
                 )
             elif kind == "tool_result":
                 session.tools.result(message.get("call_id"), message.get("output"))

@@ -22,13 +22,15 @@ export function launch(wav, host = "127.0.0.1") {
   });
 }
 
-// Runs ``body(result)``; ``result.ok`` says it finished, ``result.error`` why not.
-export async function run(browser, out, result, body) {
+// Runs ``body(result)``; ``result.ok`` says it finished, ``result.error`` why not (and
+// ``failed(result)``, if given, adds what the page knew when it failed).
+export async function run(browser, out, result, body, failed = null) {
   try {
     await body(result);
     result.ok = true;
   } catch (error) {
     result.error = String(error);
+    if (failed) await failed(result).catch((e) => { result.failedSnapshot = String(e); });
   } finally {
     await browser.close();
     writeFileSync(join(out, "result.json"), JSON.stringify(result));

@@ -30,11 +30,12 @@ const AXE_TAGS = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa", "wcag22aa"];
 
 const browser = await launch(wav, host);
 const result = { ok: false, log: [], axe: {} };
+let page = null;
 await run(browser, out, result, async () => {
   const context = await browser.newContext({ permissions: ["microphone"], viewport: { width: 900, height: 900 } });
   await context.addInitScript(recordAnnouncements);
   await context.addInitScript({ path: AXE }); // window.axe in the page (as a DevTools script: no CSP applies)
-  const page = await context.newPage();
+  page = await context.newPage();
   page.on("console", (message) => result.log.push(`${message.type()}: ${message.text()}`));
   page.on("pageerror", (error) => result.log.push(`pageerror: ${error.message}`));
   await page.goto(url);
@@ -79,6 +80,8 @@ await run(browser, out, result, async () => {
       await page.screenshot({ path: join(out, "page.png"), fullPage: true });
     }
   }
+}, async (failed) => { // what the page knew when a wait ran out
+  if (page && !page.isClosed()) failed.demo = await snapshot(page);
 });
 
 function snapshot(page) {
