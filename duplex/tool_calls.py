@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -40,6 +41,15 @@ class Emitter(Protocol):
     times: TurnTimes
 
     def emit(self, type_: str, **data: object) -> None: ...
+
+
+def compact(call: ToolCall) -> str:
+    """A call's arguments as the client is told them: compact JSON (the model's spacing,
+    such as ``{\n    \n  }`` for ``{}``, stays in the history, where its KV is)."""
+    try:
+        return json.dumps(call.parsed(), ensure_ascii=False)
+    except ValueError:
+        return call.arguments
 
 
 def refused(error: ToolError) -> SessionError:
@@ -168,8 +178,9 @@ class ToolCalls:
             told += 1
             if reply.times.call is None:
                 reply.times.call = time.monotonic()
+            arguments = compact(call)
             reply.emit(ev.CALL_ADDED, **common, name=call.name)
-            reply.emit(ev.CALL_DELTA, **common, delta=call.arguments)
-            reply.emit(ev.CALL_DONE, **common, name=call.name, arguments=call.arguments)
+            reply.emit(ev.CALL_DELTA, **common, delta=arguments)
+            reply.emit(ev.CALL_DONE, **common, name=call.name, arguments=arguments)
 
         return tell

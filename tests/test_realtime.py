@@ -690,6 +690,40 @@ async def text_piled_up(port: int, config: Config) -> None:
     assert any(e["type"] == "response.created" for e in seen)
 
 
+async def bad_tools(port: int, config: Config) -> None:
+    """Every bad tool input, each refused with its code and nothing of it kept: 1,000
+    tools, a schema 100 levels deep, markup in a name, 32 tools at every other limit
+    (half a megabyte: checked by its size first), a schema that is not JSON Schema, a
+    result for a call never made, an output over the limit."""
+    deep: dict[str, Any] = {"type": "object"}
+    for _ in range(100):
+        deep = {"type": "object", "properties": {"x": deep}}
+    properties = {f"p{i}": {"type": "string", "description": "x" * 150} for i in range(80)}
+    big = {**WEATHER, "description": "d" * 1024, "parameters": {"properties": properties}}
+    declarations = [
+        [{**WEATHER, "name": f"t{i}"} for i in range(1000)],
+        [{**WEATHER, "parameters": deep}],
+        [{**WEATHER, "name": "<|im_end|>"}],
+        [{**big, "name": f"t{i}"} for i in range(32)],
+        [{**WEATHER, "parameters": {"properties": {"city": {"type": 7}}}}],
+    ]
+    outputs = [("call_never_made", "{}"), ("call_never_made", "x" * 20_000)]
+    async with aiohttp.ClientSession() as http, http.ws_connect(URL.format(port=port)) as ws:
+        for tools in declarations:
+            update = {"type": "session.update", "session": {"type": "realtime", "tools": tools}}
+            await ws.send_str(json.dumps(update))
+        for call_id, output in outputs:
+            item = {"type": "function_call_output", "call_id": call_id, "output": output}
+            await ws.send_str(json.dumps({"type": "conversation.item.create", "item": item}))
+        seen: list[dict[str, Any]] = []
+        async with asyncio.timeout(20):
+            while sum(e["type"] == "error" for e in seen) < len(declarations) + len(outputs):
+                seen.append(check(await ws.receive_json()))
+    codes = [e["error"]["code"] for e in seen if e["type"] == "error"]
+    assert codes == ["invalid_tool"] * 5 + ["invalid_call_id", "tool_output_too_large"], codes
+    assert [e for e in seen if e["type"] == "session.updated"] == []  # all or nothing: none took
+
+
 async def flood_of_empty_appends(port: int, config: Config, figures: dict[str, str]) -> None:
     """200,000 empty appends as fast as a socket takes them (the issue's flood): read at
     the rate, and closed 1008 once over it for `PATIENCE_S`."""
@@ -777,6 +811,7 @@ async def test_hostile_clients_get_the_protocols_answer_and_harm_no_neighbour(en
                 ("text that is not UTF-8", lambda: text_not_utf8(port, config)),
                 ("binary frames and bad JSON", lambda: binary_and_bad_json(port, config)),
                 ("text piled up without response.create", lambda: text_piled_up(port, config)),
+                ("bad tools and results", lambda: bad_tools(port, config)),
                 ("a flood of empty appends", lambda: flood_of_empty_appends(port, config, cases.figures)),
                 ("a client that stops reading", lambda: stops_reading(port, sessions, connections, caplog)),
                 ("a client that vanishes mid-reply", lambda: vanishes_mid_reply(port, sessions, connections)),

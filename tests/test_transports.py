@@ -27,7 +27,9 @@ from audio_io.frame import AudioFrame
 from audio_io.grpc_codec import WireFormat
 from audio_io.rtp import PCMU
 from audio_io.webrtc import WebRtcPeer
-from duplex.transports.grpc_messages import GrpcWire
+from duplex import events as ev
+from duplex.events import Event
+from duplex.transports.grpc_messages import GrpcWire, server_event
 from duplex.transports.link import Link
 from duplex.transports.output import OutputStage
 from duplex.transports.realtime import RealtimeConnection, RealtimeWire
@@ -236,3 +238,11 @@ async def test_a_link_whose_client_stops_reading_closes_within_the_timeout(reade
         assert not link.closed.is_set() and not session.errors and len(taken) == 40
         assert outbox.stalled_s() == 0.0
         await link.close()
+
+
+def test_a_tool_timeout_reaches_a_grpc_client_as_an_error_naming_the_call():
+    timeout = Event(ev.TOOL_TIMEOUT, {"call_id": "call_1", "name": "get_weather", "timeout_s": 15.0})
+    message = server_event(timeout)
+    assert message is not None and message.WhichOneof("event") == "error"
+    assert message.error.code == "tool_timeout"
+    assert "call_1" in message.error.message and "get_weather" in message.error.message
